@@ -1,0 +1,89 @@
+"""backchannel: a fast harness for deep agents.
+
+The public API, re-exported from the modules that own it.
+"""
+
+from backchannel.agent import Agent, AgentStream, RunResult, create_agent
+from backchannel.context import RunContext
+from backchannel.errors import (
+    BackchannelError,
+    ConflictError,
+    InvalidRequestError,
+    MaxIterationsError,
+    MiddlewareError,
+    ModelError,
+    NotFoundError,
+)
+from backchannel.events import Event, EventBus
+from backchannel.interrupts import Interrupt, interrupt
+from backchannel.messages import (
+    AIMessage,
+    AnyMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    message_from_dict,
+    message_to_dict,
+    tool_call,
+)
+from backchannel.middleware import (
+    Middleware,
+    ToolCallRequest,
+    after_agent,
+    after_model,
+    before_agent,
+    before_model,
+    wrap_model_call,
+    wrap_tool_call,
+)
+from backchannel.models import ChatModel, ModelRequest, ScriptedModel, init_model
+from backchannel.tools import Tool, ToolResult, ToolRuntime, tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AIMessage",
+    "Agent",
+    "AgentStream",
+    "AnyMessage",
+    "BackchannelError",
+    "ChatModel",
+    "ConflictError",
+    "Event",
+    "EventBus",
+    "HumanMessage",
+    "Interrupt",
+    "InvalidRequestError",
+    "MaxIterationsError",
+    "Middleware",
+    "MiddlewareError",
+    "ModelError",
+    "ModelRequest",
+    "NotFoundError",
+    "RemoveMessage",
+    "RunContext",
+    "RunResult",
+    "ScriptedModel",
+    "SystemMessage",
+    "Tool",
+    "ToolCall",
+    "ToolCallRequest",
+    "ToolMessage",
+    "ToolResult",
+    "ToolRuntime",
+    "after_agent",
+    "after_model",
+    "before_agent",
+    "before_model",
+    "create_agent",
+    "init_model",
+    "interrupt",
+    "message_from_dict",
+    "message_to_dict",
+    "tool",
+    "tool_call",
+    "wrap_model_call",
+    "wrap_tool_call",
+]

@@ -1,0 +1,647 @@
+"""The agent: a model, tools and middleware, and the loop that runs them.
+
+One run moves through stages::
+
+    before_agent -> before_model -> (model call) -> after_model -> tools -> before_model ...
+                                                                 \\-> after_agent (final answer)
+
+Each state change is recorded with the stage the run continues at, so a run
+can stop anywhere (an interrupt, a crash) and continue from its record. A
+stage name may carry the index of the next hook to run (``"after_model:1"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from backchannel.context import RunContext, current_tool_call
+from backchannel.errors import MaxIterationsError, MiddlewareError
+from backchannel.events import Event, EventBus, filter_metadata
+from backchannel.interrupts import GraphInterrupt, Interrupt, InterruptScope, current_scope
+from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_from_input, new_id
+from backchannel.middleware import JUMPS, Middleware, ModelHandler, ToolCallRequest, ToolHandler, overrides
+from backchannel.models import init_model
+from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, TextDelta, ToolCallDelta
+from backchannel.state import MessageList, Reducer, apply_update, reducers_of
+from backchannel.tools import Tool, ToolArgumentsError, ToolResult, ToolRuntime, as_tool
+
+__all__ = ["Agent", "AgentStream", "RunResult", "create_agent"]
+
+DEFAULT_MAX_ITERATIONS = 50
+
+_JUMP_TARGETS = {"end": "after_agent", "model": "before_model"}
+
+
+@dataclass(slots=True)
+class RunResult:
+    """How a run ended: ``success`` with its final state, or ``interrupted`` waiting for a human."""
+
+    status: Literal["success", "interrupted"]
+    state: dict[str, Any]
+    interrupts: list[Interrupt] = field(default_factory=list)
+    stage: str = ""
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What an agent compiles to on its first run."""
+
+    model: SupportsChat
+    tools: dict[str, Tool]
+    tool_list: tuple[Tool, ...]
+    system_prompt: str | None
+    hooks: dict[str, list[tuple[str, Any]]]
+    call_model: ModelHandler
+    call_tool: ToolHandler
+    reducers: dict[str, Reducer]
+
+
+class Agent:
+    """A model with tools and middleware. Build one with :func:`create_agent`."""
+
+    __slots__ = ("model", "tools", "system_prompt", "middleware", "name", "max_iterations",
+                 "model_settings", "state_schema", "runtime", "_plan")
+
+    def __init__(self, model: SupportsChat | str | Any, tools: Sequence[Any] = (), *,
+                 system_prompt: str | None = None, middleware: Sequence[Middleware] = (),
+                 name: str | None = None, max_iterations: int = DEFAULT_MAX_ITERATIONS,
+                 model_settings: Mapping[str, Any] | None = None, state_schema: type | None = None) -> None:
+        if max_iterations < 1:
+            raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
+        self.model = model
+        self.tools = tools
+        self.system_prompt = system_prompt
+        self.middleware = middleware
+        self.name = name
+        self.max_iterations = max_iterations
+        self.model_settings = model_settings or {}
+        self.state_schema = state_schema
+        self.runtime: Any = None  # set by the runtime the agent is registered with
+        self._plan: _Plan | None = None
+
+    def __repr__(self) -> str:
+        return f"Agent(name={self.name!r})"
+
+    @property
+    def graph_name(self) -> str:
+        """The name events and the runtime use for this agent."""
+        return self.name or "agent"
+
+    # -- compiling ---------------------------------------------------------
+
+    def _compile(self) -> _Plan:
+        tools: dict[str, Tool] = {}
+        for t in [*self.tools, *(t for mw in self.middleware for t in mw.tools)]:
+            t = _to_tool(t)
+            if t.name in tools and tools[t.name] is not t:
+                raise ValueError(f"agent {self.graph_name!r} has two tools named {t.name!r}")
+            tools[t.name] = t
+        hooks = {h: [(mw.name, getattr(mw, h)) for mw in self.middleware if overrides(mw, h)]
+                 for h in ("before_agent", "before_model", "after_model", "wrap_model_call",
+                           "wrap_tool_call", "after_agent")}
+        for h in ("after_model", "after_agent"):
+            hooks[h].reverse()
+        prompts = [self.system_prompt, *(mw.system_prompt for mw in self.middleware)]
+        reducers = reducers_of(self.state_schema)
+        for mw in self.middleware:
+            reducers.update(reducers_of(mw.state_schema))
+        self._plan = _Plan(
+            model=init_model(self.model),
+            tools=tools,
+            tool_list=tuple(tools.values()),
+            system_prompt="\n\n".join(p for p in prompts if p) or None,
+            hooks=hooks,
+            call_model=_chain("wrap_model_call", hooks["wrap_model_call"], _invoke_model),
+            call_tool=_chain("wrap_tool_call", hooks["wrap_tool_call"], _tool_invoker(sorted(tools))),
+            reducers=reducers,
+        )
+        return self._plan
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self, state: dict[str, Any], ctx: RunContext, *, stage: str = "before_agent") -> RunResult:
+        """Run (or continue, from ``stage``) on ``state`` in place; the runtime's entry point."""
+        plan = self._plan or self._compile()
+        reports = ctx.parent is None or self.name is not None
+        if reports:
+            self._lifecycle(ctx, "started")
+        try:
+            await self._loop(plan, state, ctx, stage)
+        except GraphInterrupt as paused:
+            if reports:
+                self._lifecycle(ctx, "interrupted")
+            ctx.emit("interrupt", {"interrupts": [i.to_dict() for i in paused.interrupts]})
+            return RunResult("interrupted", state, paused.interrupts, paused.stage)
+        except asyncio.CancelledError:
+            if reports:
+                self._lifecycle(ctx, "cancelled")
+            raise
+        except BaseException as exc:
+            if reports:
+                self._lifecycle(ctx, "failed", error=describe_error(exc))
+            raise
+        if reports:
+            self._lifecycle(ctx, "completed")
+        return RunResult("success", state)
+
+    def _lifecycle(self, ctx: RunContext, event: str, **extra: Any) -> None:
+        bus = ctx.bus
+        if bus is None or not bus.listeners:
+            return
+        data: dict[str, Any] = {"event": event, "graph_name": self.graph_name, **extra}
+        if ctx.parent is not None:
+            data["cause"] = {"type": "toolCall", "tool_call_id": ctx.namespace[-1].partition(":")[2]}
+        metadata = filter_metadata(ctx.metadata)
+        if metadata:
+            data["metadata"] = metadata
+        ctx.emit("lifecycle", data)
+
+    async def _loop(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str) -> None:
+        name, _, index = stage.partition(":")
+        start = int(index or 0)
+        model_calls = 0
+        while True:
+            if name == "before_agent":
+                jump = await self._run_hooks(plan, "before_agent", state, ctx, start)
+                name = "after_agent" if jump else "before_model"
+            elif name == "before_model":
+                if start == 0 and ctx.inbox is not None:
+                    await self._deliver_inbox(plan, state, ctx)
+                if await self._run_hooks(plan, "before_model", state, ctx, start):
+                    name, start = "after_agent", 0
+                    continue
+                model_calls += 1
+                if model_calls > self.max_iterations:
+                    raise MaxIterationsError(self.max_iterations)
+                message = await self._call_model(plan, state, ctx)
+                await self._apply(plan, state, ctx, "model", {"messages": [message]}, "after_model")
+                name = "after_model"
+            elif name == "after_model":
+                jump = await self._run_hooks(plan, "after_model", state, ctx, start)
+                if jump:
+                    name = _JUMP_TARGETS[jump]
+                else:
+                    last = _last_ai(state["messages"])
+                    has_calls = last is not None and bool(last.tool_calls or last.invalid_tool_calls)
+                    name = "tools" if has_calls else "after_agent"
+            elif name == "tools":
+                name = "after_agent" if await self._run_tools(plan, state, ctx) else "before_model"
+            elif name == "after_agent":
+                if not await self._run_hooks(plan, "after_agent", state, ctx, start):
+                    return
+                name = "before_model"
+            else:
+                raise ValueError(f"cannot continue a run at unknown stage {stage!r}")
+            start = 0
+
+    async def _apply(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, node: str,
+                     update: Mapping[str, Any], next_stage: str) -> None:
+        """Merge ``update`` into the state, report it, and record it with where the run goes next."""
+        apply_update(state, update, plan.reducers)
+        bus = ctx.bus
+        if bus is not None and bus.listeners:
+            ctx.emit("updates", {node: update})
+            if bus.wants_values:
+                ctx.emit("values", {k: list(v) if isinstance(v, list) else v for k, v in state.items()})
+        if ctx.recorder is not None:
+            await ctx.recorder.step(node, update, next_stage)
+
+    async def _run_hooks(self, plan: _Plan, hook: str, state: dict[str, Any], ctx: RunContext,
+                         start: int) -> str | None:
+        """Run ``hook`` of each middleware from ``start`` on; returns a jump target or ``None``."""
+        hooks = plan.hooks[hook]
+        for i in range(start, len(hooks)):
+            mw_name, fn = hooks[i]
+            scope = current_scope.set(InterruptScope(f"{hook}:{mw_name}:{i}:{_last_id(state)}", ctx.resume))
+            try:
+                update = await fn(state, ctx)
+            except GraphInterrupt as paused:
+                paused.stage = f"{hook}:{i}"
+                raise
+            except Exception as exc:
+                raise MiddlewareError(mw_name, hook, exc) from exc
+            finally:
+                current_scope.reset(scope)
+            if not update:
+                continue
+            update = dict(update)
+            jump = update.pop("jump_to", None)
+            if jump is not None and jump not in JUMPS[hook]:
+                allowed = ", ".join(sorted(JUMPS[hook]))
+                raise MiddlewareError(mw_name, hook, ValueError(
+                    f"cannot jump_to {jump!r} from {hook}; allowed: {allowed}"))
+            if update:
+                next_stage = _JUMP_TARGETS[jump] if jump else f"{hook}:{i + 1}"
+                await self._apply(plan, state, ctx, f"{mw_name}.{hook}", update, next_stage)
+            if jump:
+                return jump
+        return None
+
+    async def _deliver_inbox(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> None:
+        assert ctx.inbox is not None
+        arrived = ctx.inbox.drain()
+        if arrived:
+            await self._apply(plan, state, ctx, "inbox", {"messages": arrived}, "before_model")
+            ctx.inbox.ack(arrived)
+
+    async def _call_model(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> AIMessage:
+        request = ModelRequest(plan.model, state["messages"], plan.system_prompt, plan.tool_list,
+                               self.model_settings, state, ctx)
+        scope = current_scope.set(InterruptScope(f"model:{_last_id(state)}", ctx.resume))
+        try:
+            message = await plan.call_model(request)
+        except GraphInterrupt as paused:
+            paused.stage = f"before_model:{len(plan.hooks['before_model'])}"
+            raise
+        finally:
+            current_scope.reset(scope)
+        if not isinstance(message, AIMessage):
+            raise TypeError(f"the model call returned {type(message).__name__}, not an AIMessage")
+        if self.name and message.name is None:
+            message.name = self.name
+        return message
+
+    async def _run_tools(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> bool:
+        """Run the last reply's unanswered tool calls; returns whether a return-direct tool ran."""
+        ai, answered = _unanswered(state["messages"])
+        calls = [c for c in ai.tool_calls if c["id"] not in answered]
+        calls += [c for c in ai.invalid_tool_calls if c["id"] not in answered]
+        if len(calls) == 1 and not ctx.pending_tools:
+            update, direct = await self._execute_call(plan, calls[0], state, ctx)
+            await self._apply(plan, state, ctx, "tools", update, "after_agent" if direct else "before_model")
+            return direct
+        results = await asyncio.gather(*(self._execute_in_batch(plan, c, state, ctx) for c in calls),
+                                       return_exceptions=True)
+        paused = [r for r in results if isinstance(r, GraphInterrupt)]
+        failed = [r for r in results if isinstance(r, BaseException) and not isinstance(r, GraphInterrupt)]
+        if failed:
+            raise failed[0]
+        if paused:
+            raise GraphInterrupt([i for p in paused for i in p.interrupts], "tools")
+        merged: dict[str, Any] = {}
+        direct = False
+        for update, is_direct in results:  # type: ignore[misc]
+            direct = direct or is_direct
+            for key, value in update.items():
+                if key == "messages":
+                    merged.setdefault("messages", []).extend(value)
+                elif key in merged and key in plan.reducers:
+                    merged[key] = plan.reducers[key](merged[key], value)
+                else:
+                    merged[key] = value
+        ctx.pending_tools = {}
+        await self._apply(plan, state, ctx, "tools", merged, "after_agent" if direct else "before_model")
+        return direct
+
+    async def _execute_in_batch(self, plan: _Plan, call: Any, state: dict[str, Any],
+                                ctx: RunContext) -> tuple[dict[str, Any], bool]:
+        """One call of a parallel batch; its result is recorded as soon as it is known."""
+        if call["id"] in ctx.pending_tools:
+            return ctx.pending_tools[call["id"]]
+        update, direct = await self._execute_call(plan, call, state, ctx)
+        if ctx.recorder is not None:
+            await ctx.recorder.pending(call["id"], {"update": update, "direct": direct})
+        return update, direct
+
+    async def _execute_call(self, plan: _Plan, call: Any, state: dict[str, Any],
+                            ctx: RunContext) -> tuple[dict[str, Any], bool]:
+        """Run one tool call through the middleware; returns its state update and return-direct flag."""
+        name = call.get("name") or ""
+        tool = plan.tools.get(name)
+        listening = ctx.bus is not None and bool(ctx.bus.listeners)
+        if listening:
+            ctx.emit("tool", {"event": "started", "tool_call_id": call["id"], "tool_name": name,
+                              "args": call["args"]})
+        if call.get("type") == "invalid_tool_call":
+            result: ToolMessage | ToolResult = _error_message(
+                call, f"the arguments for tool {name!r} could not be read: {call.get('error')}. "
+                      f"Received: {call.get('args')!r}. Call the tool again with a valid JSON object.")
+        else:
+            result = await plan.call_tool(ToolCallRequest(call, tool, state, ctx))
+        update, direct, message = _tool_update(result, call, tool)
+        if listening:
+            event = "error" if message.status == "error" else "finished"
+            ctx.emit("tool", {"event": event, "tool_call_id": call["id"], "tool_name": name,
+                              "message": message})
+        return update, direct
+
+    # -- public entry points -------------------------------------------------
+
+    def _context(self, *, bus: EventBus | None = None, context: Any = None,
+                 metadata: Mapping[str, Any] | None = None) -> RunContext:
+        """A context for a run started here: nested under the calling tool's run if there is one."""
+        caller = current_tool_call.get()
+        if caller is None:
+            return RunContext(self.graph_name, new_id(), bus=bus, context=context, metadata=dict(metadata or {}))
+        parent, call_id = caller
+        segment = f"{self.name or 'tools'}:{call_id}"
+        return RunContext(
+            self.graph_name, parent.run_id, thread_id=parent.thread_id,
+            namespace=(*parent.namespace, segment), bus=bus or parent.bus,
+            context=parent.context if context is None else context, store=parent.store,
+            metadata={**parent.metadata, **(metadata or {})}, resume=parent.resume,
+            runtime=parent.runtime, parent=parent,
+        )
+
+    async def ainvoke(self, input: Any, *, thread_id: str | None = None, context: Any = None,
+                      metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run to the end and return the final state (``{"messages": [...], ...}``).
+
+        With ``thread_id`` the run continues that thread's conversation in the
+        runtime the agent is registered with. An interrupted run's state has
+        ``"__interrupt__"``.
+        """
+        if thread_id is not None:
+            return await self._runtime_for_threads().invoke(self, thread_id, input, context=context,
+                                                             metadata=metadata)
+        state = initial_state(input)
+        result = await self.run(state, self._context(context=context, metadata=metadata))
+        if result.interrupts:
+            state["__interrupt__"] = result.interrupts
+        return state
+
+    def invoke(self, input: Any, **kwargs: Any) -> dict[str, Any]:
+        """:meth:`ainvoke`, for code without an event loop."""
+        _require_no_running_loop("invoke", "ainvoke")
+        return asyncio.run(self.ainvoke(input, **kwargs))
+
+    def astream(self, input: Any, *, thread_id: str | None = None, context: Any = None,
+                metadata: Mapping[str, Any] | None = None, values: bool = False) -> AgentStream:
+        """Run and yield its :class:`~backchannel.events.Event` objects as they happen.
+
+        ``values=True`` adds a full-state ``values`` event after each step.
+        """
+        return AgentStream(self, input, thread_id=thread_id, context=context, metadata=metadata,
+                           values=values)
+
+    def stream(self, input: Any, **kwargs: Any) -> Iterator[Event]:
+        """:meth:`astream`, for code without an event loop."""
+        _require_no_running_loop("stream", "astream")
+        loop = asyncio.new_event_loop()
+        events = self.astream(input, **kwargs).__aiter__()
+        try:
+            while True:
+                try:
+                    yield loop.run_until_complete(events.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            loop.run_until_complete(events.aclose())
+            loop.close()
+
+    def _runtime_for_threads(self) -> Any:
+        if self.runtime is None:
+            raise RuntimeError(
+                f"agent {self.graph_name!r} has no runtime to keep threads in; register it first, e.g. "
+                f"LocalRuntime(agents={{{self.graph_name!r}: agent}}) (SQLite by default, or store='memory')")
+        return self.runtime
+
+
+class AgentStream:
+    """A run in progress: ``async for event in stream`` yields its events; ``result`` is the final state."""
+
+    def __init__(self, agent: Agent, input: Any, *, thread_id: str | None, context: Any,
+                 metadata: Mapping[str, Any] | None, values: bool) -> None:
+        self.agent = agent
+        self.bus = EventBus(wants_values=values)
+        self._input = input
+        self._thread_id = thread_id
+        self._context = context
+        self._metadata = metadata
+        self._result: dict[str, Any] | None = None
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """The final state, once the stream has been consumed."""
+        if self._result is None:
+            raise RuntimeError("the run has not finished; iterate the stream to the end first")
+        return self._result
+
+    async def _run(self) -> dict[str, Any]:
+        agent = self.agent
+        if self._thread_id is not None:
+            return await agent._runtime_for_threads().invoke(
+                agent, self._thread_id, self._input, context=self._context, metadata=self._metadata, bus=self.bus)
+        state = initial_state(self._input)
+        result = await agent.run(state, agent._context(bus=self.bus, context=self._context, metadata=self._metadata))
+        if result.interrupts:
+            state["__interrupt__"] = result.interrupts
+        return state
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        queue, unsubscribe = self.bus.queue()
+        done = object()
+        task = asyncio.create_task(self._run())
+        task.add_done_callback(lambda _: queue.put_nowait(done))  # type: ignore[arg-type]
+        try:
+            while (event := await queue.get()) is not done:
+                yield event  # type: ignore[misc]
+            self._result = await task
+        finally:
+            unsubscribe()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+def create_agent(model: SupportsChat | str | Any, tools: Sequence[Any] = (), *,
+                 system_prompt: str | None = None, middleware: Sequence[Middleware] = (),
+                 name: str | None = None, max_iterations: int = DEFAULT_MAX_ITERATIONS,
+                 model_settings: Mapping[str, Any] | None = None, state_schema: type | None = None) -> Agent:
+    """An agent: ``model`` (a model object or ``"provider:name"``) with ``tools`` and ``middleware``.
+
+    ``name`` makes it a named agent (reported as a subagent when run from a
+    tool). ``max_iterations`` bounds model calls per run
+    (:class:`~backchannel.errors.MaxIterationsError`). ``model_settings`` go
+    to every model call (temperature, max_tokens, ...).
+    """
+    return Agent(model, tools, system_prompt=system_prompt, middleware=middleware, name=name,
+                 max_iterations=max_iterations, model_settings=model_settings, state_schema=state_schema)
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def initial_state(input: Any) -> dict[str, Any]:
+    """The state a run starts from: ``{"messages": ..., **other keys}`` or just messages."""
+    if isinstance(input, Mapping):
+        state = dict(input)
+        state["messages"] = MessageList(messages_from_input(input.get("messages") or []))
+        return state
+    return {"messages": MessageList(messages_from_input(input if input is not None else []))}
+
+
+def describe_error(exc: BaseException) -> dict[str, Any]:
+    """An error as events report it: type and message, plus the middleware and hook that raised."""
+    info: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, MiddlewareError):
+        info["middleware"] = exc.middleware
+        info["hook"] = exc.hook
+    return info
+
+
+def _require_no_running_loop(method: str, async_method: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"Agent.{method}() cannot run inside an event loop; use `await agent.{async_method}(...)`")
+
+
+def _to_tool(obj: Any) -> Tool:
+    if not isinstance(obj, Tool) and hasattr(obj, "args_schema") and hasattr(obj, "ainvoke"):
+        from backchannel.models.langchain import tool_from_langchain
+
+        return tool_from_langchain(obj)
+    return as_tool(obj)
+
+
+def _last_id(state: Mapping[str, Any]) -> str:
+    messages = state.get("messages")
+    return messages[-1].id if messages else ""
+
+
+def _last_ai(messages: Sequence[AnyMessage]) -> AIMessage | None:
+    for m in reversed(messages):
+        if isinstance(m, AIMessage):
+            return m
+    return None
+
+
+def _unanswered(messages: Sequence[AnyMessage]) -> tuple[AIMessage, set[str]]:
+    """The last AI message and the ids of its tool calls that already have results."""
+    answered: set[str] = set()
+    for m in reversed(messages):
+        if isinstance(m, AIMessage):
+            return m, answered
+        if isinstance(m, ToolMessage):
+            answered.add(m.tool_call_id)
+    raise ValueError("cannot run tools: the conversation has no AI message with tool calls")
+
+
+def _error_message(call: Any, text: str) -> ToolMessage:
+    return ToolMessage(f"Error: {text}", call["id"], call.get("name"), status="error")
+
+
+def _content(value: Any) -> Any:
+    """Tool output as message content: strings and content blocks as they are, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(b, dict) and "type" in b for b in value):
+        return value
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def _tool_update(result: ToolMessage | ToolResult, call: Any,
+                 tool: Tool | None) -> tuple[dict[str, Any], bool, ToolMessage]:
+    if isinstance(result, ToolMessage):
+        direct = tool is not None and tool.return_direct and result.status != "error"
+        return {"messages": [result]}, direct, result
+    if not isinstance(result, ToolResult):
+        raise TypeError(f"wrap_tool_call must return a ToolMessage or ToolResult, got {type(result).__name__}")
+    message = ToolMessage(_content(result.content), call["id"], call.get("name"), artifact=result.artifact)
+    update: dict[str, Any] = dict(result.update or {})
+    update["messages"] = [message, *messages_from_input(update.get("messages") or [])]
+    direct = result.return_direct if result.return_direct is not None else bool(tool and tool.return_direct)
+    return update, direct, message
+
+
+async def _invoke_model(request: ModelRequest) -> AIMessage:
+    """The model call itself: streamed when somebody listens for deltas, else one request."""
+    ctx: RunContext = request.ctx
+    bus = ctx.bus
+    if bus is None or not bus.listeners:
+        return await request.model.generate(request)
+    message_id = new_id()
+    ctx.emit("message", {"event": "start", "message_id": message_id})
+    if bus.wants_deltas:
+        acc = Accumulator()
+        async for delta in request.model.stream(request):
+            acc.add(delta)
+            if type(delta) is TextDelta:
+                ctx.emit("message", {"event": "delta", "message_id": message_id, "text": delta.text})
+            elif type(delta) is ToolCallDelta:
+                ctx.emit("message", {"event": "delta", "message_id": message_id, "tool_call": {
+                    "index": delta.index, "id": delta.id, "name": delta.name, "args": delta.args}})
+        message = acc.message()
+    else:
+        message = await request.model.generate(request)
+    if message.id != message_id:
+        message.response_metadata.setdefault("id", message.id)
+        message.id = message_id
+    ctx.emit("message", {"event": "finish", "message_id": message_id, "message": message,
+                         "usage": message.usage_metadata})
+    return message
+
+
+def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
+    """The innermost tool handler: the call itself, every failure an error message for the model."""
+    available = ", ".join(tool_names) or "none"
+
+    async def invoke_tool(request: ToolCallRequest) -> ToolMessage | ToolResult:
+        call, tool, ctx = request.call, request.tool, request.ctx
+        if tool is None:
+            return _error_message(call, f"there is no tool named {call['name']!r}. Available tools: {available}.")
+        runtime = None
+        if tool.runtime_param is not None:
+            runtime = ToolRuntime(ctx.thread_id, ctx.run_id, ctx.agent, call["id"], request.state,
+                                  ctx.context, ctx.store, ctx.emit_custom)
+        caller = current_tool_call.set((ctx, call["id"]))
+        scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
+        try:
+            output = await tool.ainvoke(call["args"], runtime)
+        except ToolArgumentsError as exc:
+            return _error_message(call, f"invalid arguments for tool {tool.name!r}: {exc}. "
+                                        "Call the tool again with arguments that match its schema.")
+        except GraphInterrupt:
+            raise
+        except Exception as exc:
+            return _error_message(call, f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}")
+        finally:
+            current_scope.reset(scope)
+            current_tool_call.reset(caller)
+        if isinstance(output, (ToolMessage, ToolResult)):
+            return output
+        return ToolMessage(_content(output), call["id"], tool.name)
+
+    return invoke_tool
+
+
+def _chain(hook: str, wrappers: list[tuple[str, Any]], innermost: Any) -> Any:
+    """Compose ``wrap_*`` middleware around ``innermost``; the first registered is the outermost."""
+    handler = innermost
+    for mw_name, fn in reversed(wrappers):
+        handler = _layer(hook, mw_name, fn, handler)
+    return handler
+
+
+def _layer(hook: str, mw_name: str, fn: Any, inner: Any) -> Any:
+    async def call_inner(request: Any) -> Any:
+        try:
+            return await inner(request)
+        except Exception as exc:
+            _mark_passthrough(exc)
+            raise
+
+    async def layer(request: Any) -> Any:
+        try:
+            return await fn(request, call_inner)
+        except (GraphInterrupt, MiddlewareError):
+            raise
+        except Exception as exc:
+            if getattr(exc, "_backchannel_passthrough", False):
+                raise  # the model's or an inner layer's error, not this middleware's
+            raise MiddlewareError(mw_name, hook, exc) from exc
+
+    return layer
+
+
+def _mark_passthrough(exc: BaseException) -> None:
+    try:
+        exc._backchannel_passthrough = True  # type: ignore[attr-defined]
+    except AttributeError:
+        pass

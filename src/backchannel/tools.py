@@ -1,0 +1,261 @@
+"""Tools: plain Python functions the model can call.
+
+``@tool`` turns a sync or async function into a :class:`Tool`. Its JSON schema
+comes from the type hints and the docstring (Google ``Args:`` or Sphinx
+``:param x:`` style), and the model's arguments are validated against it
+before the function runs. The schema and validator are built on first use, so
+decorating is cheap and ``import backchannel`` does not import pydantic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, overload
+
+__all__ = ["Tool", "ToolArgumentsError", "ToolResult", "ToolRuntime", "tool"]
+
+
+@dataclass(slots=True)
+class ToolRuntime:
+    """What a tool sees of the run it is called from; declare a parameter of this type to get it."""
+
+    thread_id: str | None
+    run_id: str | None
+    agent_name: str
+    tool_call_id: str
+    state: Mapping[str, Any]
+    context: Any = None
+    store: Any = None
+    emit: Callable[[Any], None] = field(default=lambda data: None)
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """A tool's return value when it needs more than content.
+
+    ``update`` is merged into the agent's state (``messages`` are appended
+    after the tool message); ``return_direct`` ends the run with this result.
+    """
+
+    content: Any = ""
+    update: dict[str, Any] | None = None
+    return_direct: bool | None = None
+    artifact: Any = None
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments for a tool do not match its schema."""
+
+
+_SPHINX_PARAM = re.compile(r"^\s*:param\s+(?:[^:]*\s)?(\w+):\s*(.*)$")
+_GOOGLE_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?)\s*:\s*$")
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Split a docstring into its description and per-parameter descriptions."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    description: list[str] = []
+    params: dict[str, str] = {}
+    section: str | None = None
+    current: str | None = None
+    for line in lines:
+        sphinx = _SPHINX_PARAM.match(line)
+        heading = _GOOGLE_SECTION.match(line)
+        if sphinx:
+            section, current = "sphinx", sphinx.group(1)
+            params[current] = sphinx.group(2).strip()
+        elif heading:
+            section, current = heading.group(1).lower(), None
+        elif section in ("args", "arguments", "parameters"):
+            entry = re.match(r"^\s{0,8}(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+            if entry and not line.startswith(" " * 8):
+                current = entry.group(1).lstrip("*")
+                params[current] = entry.group(2).strip()
+            elif current and line.strip():
+                params[current] = f"{params[current]} {line.strip()}".strip()
+        elif section is None:
+            description.append(line)
+        elif section == "sphinx" and current and line.strip() and not line.lstrip().startswith(":"):
+            params[current] = f"{params[current]} {line.strip()}"
+    return "\n".join(description).strip(), params
+
+
+class Tool:
+    """A callable the model can use: a name, a description, a JSON schema and a function."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        return_direct: bool = False,
+        args_schema: type | dict[str, Any] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.return_direct = return_direct
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._description = description
+        self._args_schema = args_schema
+
+    def __repr__(self) -> str:
+        return f"Tool(name={self.name!r})"
+
+    @cached_property
+    def _docs(self) -> tuple[str, dict[str, str]]:
+        return parse_docstring(self.fn.__doc__)
+
+    @cached_property
+    def description(self) -> str:
+        return self._description or self._docs[0] or self.name
+
+    @cached_property
+    def _signature(self) -> tuple[list[inspect.Parameter], dict[str, Any], str | None]:
+        """The parameters the model fills, their type hints, and the runtime parameter's name."""
+        hints = typing.get_type_hints(self.fn, include_extras=True)
+        params: list[inspect.Parameter] = []
+        runtime_param = None
+        for p in inspect.signature(self.fn).parameters.values():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if hints.get(p.name) is ToolRuntime:
+                runtime_param = p.name
+            else:
+                params.append(p)
+        return params, hints, runtime_param
+
+    @property
+    def runtime_param(self) -> str | None:
+        return self._signature[2]
+
+    @cached_property
+    def _model(self) -> Any:
+        """A pydantic model of the arguments (or ``None`` when a JSON schema was given)."""
+        from pydantic import BaseModel, ConfigDict, Field, create_model
+
+        if isinstance(self._args_schema, type) and issubclass(self._args_schema, BaseModel):
+            return self._args_schema
+        if isinstance(self._args_schema, dict):
+            return None
+        params, hints, _ = self._signature
+        docs = self._docs[1]
+        fields: dict[str, Any] = {}
+        for p in params:
+            annotation = hints.get(p.name, Any)
+            default = ... if p.default is inspect.Parameter.empty else p.default
+            fields[p.name] = (annotation, Field(default, description=docs.get(p.name)))
+        config = ConfigDict(arbitrary_types_allowed=True)
+        return create_model(f"{self.name}_args", __config__=config, **fields)
+
+    @cached_property
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments, as sent to the model."""
+        if isinstance(self._args_schema, dict):
+            return self._args_schema
+        schema = self._model.model_json_schema()
+        _drop_titles(schema)
+        schema.setdefault("properties", {})
+        return schema
+
+    def schema(self) -> dict[str, Any]:
+        """``{"name", "description", "parameters"}``: the tool as models see it."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        """The arguments to call the function with, or :class:`ToolArgumentsError` saying what is wrong."""
+        if not isinstance(args, dict):
+            raise ToolArgumentsError(f"arguments must be a JSON object, got {type(args).__name__}")
+        model = self._model
+        if model is None:
+            missing = [k for k in self.parameters.get("required", []) if k not in args]
+            if missing:
+                raise ToolArgumentsError("missing required argument(s): " + ", ".join(missing))
+            return args
+        from pydantic import ValidationError
+
+        try:
+            validated = model.model_validate(args)
+        except ValidationError as exc:
+            raise ToolArgumentsError(_describe_validation_error(exc)) from None
+        return {name: getattr(validated, name) for name in type(validated).model_fields}
+
+    async def ainvoke(self, args: dict[str, Any], runtime: ToolRuntime | None = None) -> Any:
+        """Validate ``args`` and run the function (sync functions run in a worker thread)."""
+        kwargs = self.validate(args)
+        if self.runtime_param is not None:
+            kwargs[self.runtime_param] = runtime
+        if self.is_async:
+            return await self.fn(**kwargs)
+        return await asyncio.to_thread(self.fn, **kwargs)
+
+
+def _drop_titles(schema: Any) -> None:
+    # pydantic adds "title" everywhere; providers don't need it and it costs tokens.
+    if isinstance(schema, dict):
+        schema.pop("title", None)
+        for key, value in schema.items():
+            if key == "properties" and isinstance(value, dict):
+                for prop in value.values():
+                    _drop_titles(prop)
+            elif key != "properties":
+                _drop_titles(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            _drop_titles(item)
+
+
+def _describe_validation_error(exc: Any) -> str:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "arguments"
+        got = "" if err["type"] == "missing" else f" (got {json.dumps(err.get('input'), default=str)[:80]})"
+        problems.append(f"'{where}': {err['msg']}{got}")
+    return "; ".join(problems)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    return_direct: bool = False,
+    args_schema: type | dict[str, Any] | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    return_direct: bool = False,
+    args_schema: type | dict[str, Any] | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a :class:`Tool` from a function: ``@tool`` or ``@tool(name=..., return_direct=True)``."""
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(f, name=name, description=description, return_direct=return_direct, args_schema=args_schema)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def as_tool(obj: Any) -> Tool:
+    """A :class:`Tool` from a Tool or a plain function."""
+    if isinstance(obj, Tool):
+        return obj
+    if callable(obj):
+        return Tool(obj)
+    raise TypeError(f"not a tool: {obj!r} (use @tool on a function, or pass a Tool)")
