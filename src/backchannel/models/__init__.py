@@ -51,12 +51,13 @@ def init_model(model: str | Any, **kwargs: Any) -> SupportsChat:
     ``api_key``, ``temperature``, ...).
     """
     if not isinstance(model, str):
-        if isinstance(model, SupportsChat):
-            return model
+        # LangChain models also have generate/stream (sync ones), so they are recognised first.
         if hasattr(model, "ainvoke") and hasattr(model, "bind_tools"):
             from backchannel.models.langchain import LangChainModel
 
             return LangChainModel(model)
+        if isinstance(model, SupportsChat):
+            return model
         raise TypeError(f"not a chat model: {model!r}")
     provider, sep, name = model.partition(":")
     if not sep or not name:

@@ -20,28 +20,43 @@ try:
     from anthropic.types import Message
 except ImportError as exc:
     raise ImportError(
-        'the Anthropic adapter needs the anthropic package: install with pip install "backchannel[anthropic]"'
+        "the Anthropic adapter needs the anthropic package: "
+        'install with pip install "backchannel[anthropic]"'
     ) from exc
 
 from backchannel.messages import (
     AIMessage,
     AnyMessage,
     HumanMessage,
-    InvalidToolCall,
     SystemMessage,
     ToolCall,
     ToolMessage,
     Usage,
 )
-from backchannel.models.base import ChatModel, FinishDelta, ModelDelta, ModelRequest, TextDelta, ToolCallDelta
+from backchannel.models.base import (
+    ChatModel,
+    FinishDelta,
+    ModelDelta,
+    ModelRequest,
+    TextDelta,
+    ToolCallDelta,
+)
 from backchannel.tools import Tool
 
 __all__ = ["AnthropicModel"]
 
-_CREATE_PARAMS = frozenset(inspect.signature(AsyncMessages.create).parameters) - {"self", "messages", "model",
-                                                                                  "stream"}
-_TOOL_CHOICE_BY_NAME = {"auto": {"type": "auto"}, "none": {"type": "none"}, "any": {"type": "any"},
-                        "required": {"type": "any"}}
+_CREATE_PARAMS = frozenset(inspect.signature(AsyncMessages.create).parameters) - {
+    "self",
+    "messages",
+    "model",
+    "stream",
+}
+_TOOL_CHOICE_BY_NAME = {
+    "auto": {"type": "auto"},
+    "none": {"type": "none"},
+    "any": {"type": "any"},
+    "required": {"type": "any"},
+}
 
 
 class AnthropicModel(ChatModel):
@@ -67,15 +82,23 @@ class AnthropicModel(ChatModel):
     ) -> None:
         self.model = model
         self.name = model
-        client_params = frozenset(inspect.signature(AsyncAnthropic.__init__).parameters) - {"self"}
+        client_params = frozenset(inspect.signature(AsyncAnthropic).parameters)
         client_options = {k: v for k, v in extra.items() if k in client_params}
-        defaults = {"max_tokens": max_tokens, "temperature": temperature,
-                    **{k: v for k, v in extra.items() if k not in client_options}}
+        defaults = {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            **{k: v for k, v in extra.items() if k not in client_options},
+        }
         self.default_settings: dict[str, Any] = {k: v for k, v in defaults.items() if v is not None}
         if client is None:
-            options: dict[str, Any] = {"api_key": api_key, "base_url": base_url, "max_retries": max_retries,
-                                       **client_options}
-            if timeout is not None:  # None would mean "no timeout" to the SDK; here it means "the SDK's default"
+            options: dict[str, Any] = {
+                "api_key": api_key,
+                "base_url": base_url,
+                "max_retries": max_retries,
+                **client_options,
+            }
+            # None would mean "no timeout" to the SDK; here it means "the SDK's default".
+            if timeout is not None:
                 options["timeout"] = timeout
             client = AsyncAnthropic(**options)
         self.client = client
@@ -94,8 +117,13 @@ class AnthropicModel(ChatModel):
         yield translator.finish()
 
     def _create_arguments(self, request: ModelRequest) -> dict[str, Any]:
-        settings = _translate_settings({**self.default_settings, **request.settings}, bool(request.tools))
-        arguments: dict[str, Any] = {"model": self.model, "messages": _anthropic_messages(request.messages)}
+        settings = _translate_settings(
+            {**self.default_settings, **request.settings}, bool(request.tools)
+        )
+        arguments: dict[str, Any] = {
+            "model": self.model,
+            "messages": _anthropic_messages(request.messages),
+        }
         system = _system_text(request)
         if system:
             arguments["system"] = system
@@ -126,11 +154,14 @@ def _translate_settings(settings: Mapping[str, Any], has_tools: bool) -> dict[st
     return translated
 
 
-def _tool_choice(choice: Any) -> dict[str, Any] | None:
-    if choice is None or (isinstance(choice, dict) and choice.get("type") != "function"):
+def _tool_choice(choice: str | bool | dict[str, Any] | None) -> dict[str, Any] | None:
+    """A tool choice in Anthropic's form, from OpenAI's or Anthropic's."""
+    if isinstance(choice, dict):
+        if choice.get("type") == "function":  # {"type": "function", "function": {"name": ...}}
+            return {"type": "tool", "name": choice["function"]["name"]}
         return choice
-    if isinstance(choice, dict):  # OpenAI's {"type": "function", "function": {"name": ...}}
-        return {"type": "tool", "name": choice["function"]["name"]}
+    if choice is None or choice is False:
+        return None
     if choice is True:
         return {"type": "any"}
     return _TOOL_CHOICE_BY_NAME.get(choice, {"type": "tool", "name": choice})
@@ -155,9 +186,12 @@ def _anthropic_messages(messages: Sequence[AnyMessage]) -> list[dict[str, Any]]:
             continue  # joined into the system parameter
         role, blocks = _role_and_blocks(message)
         if not blocks:
-            continue  # the API rejects empty messages; a reply with neither text nor calls carries nothing
+            # The API rejects empty messages; a reply with neither text nor calls carries nothing.
+            continue
         if wire and wire[-1]["role"] == role:
-            wire[-1]["content"].extend(blocks)  # e.g. the results of parallel calls share one user message
+            wire[-1]["content"].extend(
+                blocks
+            )  # e.g. the results of parallel calls share one user message
         else:
             wire.append({"role": role, "content": blocks})
     return wire
@@ -174,18 +208,25 @@ def _role_and_blocks(message: AnyMessage) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _tool_result_block(message: ToolMessage) -> dict[str, Any]:
-    content = message.content if isinstance(message.content, str) else _content_blocks(message.content)
+    content = (
+        message.content if isinstance(message.content, str) else _content_blocks(message.content)
+    )
     block = {"type": "tool_result", "tool_use_id": message.tool_call_id, "content": content}
     return {**block, "is_error": True} if message.status == "error" else block
 
 
 def _assistant_blocks(message: AIMessage) -> list[dict[str, Any]]:
-    blocks = [{"type": "text", "text": message.text}] if message.text else []
-    blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"], "input": c["args"]} for c in message.tool_calls]
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": message.text}] if message.text else []
+    blocks += [
+        {"type": "tool_use", "id": c["id"], "name": c["name"], "input": c["args"]}
+        for c in message.tool_calls
+    ]
     # Invalid calls go back too (their raw arguments cannot: tool_use input must be an object),
     # because the API rejects a tool_result whose tool_use is missing.
-    blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"] or "", "input": {}}
-               for c in message.invalid_tool_calls]
+    blocks += [
+        {"type": "tool_use", "id": c["id"], "name": c["name"] or "", "input": {}}
+        for c in message.invalid_tool_calls
+    ]
     return blocks
 
 
@@ -195,37 +236,41 @@ def _content_blocks(content: str | list[Any]) -> list[dict[str, Any]]:
     return [_content_block(block) for block in content if block]
 
 
-def _content_block(block: Any) -> dict[str, Any]:
+def _content_block(block: str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(block, str):
         return {"type": "text", "text": block}
     if block.get("type") == "image_url":  # OpenAI's image part
-        return _image_block(block["image_url"]["url"] if isinstance(block["image_url"], dict) else block["image_url"])
+        return _image_block(
+            block["image_url"]["url"]
+            if isinstance(block["image_url"], dict)
+            else block["image_url"]
+        )
     return block
 
 
 def _image_block(url: str) -> dict[str, Any]:
     if url.startswith("data:"):
         media_type, _, data = url.removeprefix("data:").partition(";base64,")
-        return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": media_type, "data": data},
+        }
     return {"type": "image", "source": {"type": "url", "url": url}}
 
 
 def _message_from_response(response: Message) -> AIMessage:
     text: list[str] = []
     tool_calls: list[ToolCall] = []
-    invalid: list[InvalidToolCall] = []
     for block in response.content:
         if block.type == "text":
             text.append(block.text)
-        elif block.type == "tool_use" and isinstance(block.input, dict):
-            tool_calls.append({"name": block.name, "args": block.input, "id": block.id, "type": "tool_call"})
-        elif block.type == "tool_use":
-            invalid.append({"name": block.name, "args": repr(block.input), "id": block.id,
-                            "error": "the arguments must be a JSON object", "type": "invalid_tool_call"})
+        elif block.type == "tool_use":  # a whole response's tool input is always a parsed object
+            tool_calls.append(
+                {"name": block.name, "args": block.input, "id": block.id, "type": "tool_call"}
+            )
     return AIMessage(
         content="".join(text),
         tool_calls=tool_calls,
-        invalid_tool_calls=invalid,
         usage_metadata=_usage(response.usage.model_dump()),
         response_metadata={"model_name": response.model, "finish_reason": response.stop_reason},
         id=response.id,
@@ -234,11 +279,16 @@ def _message_from_response(response: Message) -> AIMessage:
 
 def _usage(counts: Mapping[str, Any]) -> Usage:
     # Cached input tokens are input tokens too; Anthropic reports them apart.
-    input_tokens = sum(counts.get(k) or 0 for k in
-                       ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+    input_tokens = sum(
+        counts.get(k) or 0
+        for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
     output_tokens = counts.get("output_tokens") or 0
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-            "total_tokens": input_tokens + output_tokens}
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "total_tokens": input_tokens + output_tokens,
+    }
 
 
 class _StreamTranslator:
@@ -271,7 +321,7 @@ class _StreamTranslator:
         elif block.type == "tool_use":
             call_index = len(self.tool_index_by_block)
             self.tool_index_by_block[index] = call_index
-            # The input arrives as input_json_delta fragments; a non-empty start input is already whole.
+            # The input arrives as input_json_delta fragments; a non-empty start input is whole.
             yield ToolCallDelta(call_index, block.id, block.name, _json_or_empty(block.input))
 
     def _block_delta(self, index: int, delta: Any) -> Iterator[ModelDelta]:
@@ -282,7 +332,9 @@ class _StreamTranslator:
 
     def finish(self) -> FinishDelta:
         usage = _usage(self.usage_counts) if self.usage_counts else None
-        return FinishDelta(usage, self.stop_reason, {"model_name": self.model_name}, self.message_id)
+        return FinishDelta(
+            usage, self.stop_reason, {"model_name": self.model_name}, self.message_id
+        )
 
 
 def _json_or_empty(value: Any) -> str:

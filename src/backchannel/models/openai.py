@@ -17,7 +17,11 @@ from typing import Any
 from openai import AsyncAzureOpenAI, AsyncOpenAI
 from openai.resources.chat.completions import AsyncCompletions
 from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessageToolCallUnion,
+)
 
 from backchannel.errors import ModelError
 from backchannel.messages import (
@@ -29,7 +33,6 @@ from backchannel.messages import (
     ToolCall,
     ToolMessage,
     Usage,
-    text_of,
 )
 from backchannel.models.base import (
     ChatModel,
@@ -44,8 +47,12 @@ from backchannel.tools import Tool
 
 __all__ = ["OpenAIModel"]
 
-_CREATE_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self", "messages", "model",
-                                                                                     "stream"}
+_CREATE_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {
+    "self",
+    "messages",
+    "model",
+    "stream",
+}
 # Options that only make sense alongside tools; the API rejects them in a call without tools.
 _TOOL_ONLY_SETTINGS = ("tool_choice", "parallel_tool_calls")
 
@@ -56,6 +63,8 @@ class OpenAIModel(ChatModel):
     ``extra`` keywords that the SDK client accepts (``organization``,
     ``default_headers``, ``api_version``, ...) configure the client; the rest
     are default request settings, like ``temperature`` and ``max_tokens``.
+    With ``azure=True`` the model is the deployment name and ``base_url`` the
+    Azure endpoint (default: ``AZURE_OPENAI_ENDPOINT``).
     """
 
     def __init__(
@@ -76,10 +85,15 @@ class OpenAIModel(ChatModel):
         self.name = model
         client_params = _constructor_params(AsyncAzureOpenAI if azure else AsyncOpenAI)
         client_options = {k: v for k, v in extra.items() if k in client_params}
-        defaults = {"temperature": temperature, "max_tokens": max_tokens,
-                    **{k: v for k, v in extra.items() if k not in client_options}}
+        defaults = {
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            **{k: v for k, v in extra.items() if k not in client_options},
+        }
         self.default_settings: dict[str, Any] = {k: v for k, v in defaults.items() if v is not None}
-        self.client = client or _make_client(azure, base_url, api_key, timeout, max_retries, client_options)
+        self.client = client or _make_client(
+            azure, base_url, api_key, timeout, max_retries, client_options
+        )
 
     async def generate(self, request: ModelRequest) -> AIMessage:
         response = await self.client.chat.completions.create(**self._create_arguments(request))
@@ -87,7 +101,10 @@ class OpenAIModel(ChatModel):
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
         arguments = self._create_arguments(request)
-        arguments["stream_options"] = {"include_usage": True, **(arguments.get("stream_options") or {})}
+        arguments["stream_options"] = {
+            "include_usage": True,
+            **(arguments.get("stream_options") or {}),
+        }
         chunks = await self.client.chat.completions.create(**arguments, stream=True)
         finish = FinishDelta()
         async with chunks:
@@ -108,20 +125,25 @@ class OpenAIModel(ChatModel):
 
 
 def _constructor_params(client_class: type) -> frozenset[str]:
-    return frozenset(inspect.signature(client_class.__init__).parameters) - {"self"}
+    return frozenset(inspect.signature(client_class).parameters)
 
 
-def _make_client(azure: bool, base_url: str | None, api_key: str | None, timeout: float | None,
-                 max_retries: int, client_options: dict[str, Any]) -> AsyncOpenAI:
+def _make_client(
+    azure: bool,
+    base_url: str | None,
+    api_key: str | None,
+    timeout: float | None,
+    max_retries: int,
+    client_options: dict[str, Any],
+) -> AsyncOpenAI:
     options: dict[str, Any] = {"api_key": api_key, "max_retries": max_retries, **client_options}
-    if timeout is not None:  # None would mean "no timeout" to the SDK; here it means "the SDK's default"
+    # None would mean "no timeout" to the SDK; here it means "the SDK's default".
+    if timeout is not None:
         options["timeout"] = timeout
     if azure:
-        return AsyncAzureOpenAI(
-            azure_endpoint=base_url or os.environ.get("AZURE_OPENAI_ENDPOINT"),
-            api_version=options.pop("api_version", None) or os.environ.get("OPENAI_API_VERSION"),
-            **options,
-        )
+        options["azure_endpoint"] = base_url or os.environ.get("AZURE_OPENAI_ENDPOINT")
+        options["api_version"] = options.get("api_version") or os.environ.get("OPENAI_API_VERSION")
+        return AsyncAzureOpenAI(**options)
     return AsyncOpenAI(base_url=base_url, **options)
 
 
@@ -139,7 +161,9 @@ def _openai_tool(tool: Tool) -> dict[str, Any]:
 
 
 def _openai_messages(request: ModelRequest) -> list[dict[str, Any]]:
-    messages = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
+    messages = (
+        [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
+    )
     messages.extend(_openai_message(m) for m in request.messages)
     return messages
 
@@ -163,14 +187,18 @@ def _with_name(message: dict[str, Any], name: str | None) -> dict[str, Any]:
 def _user_content(content: str | list[Any]) -> str | list[Any]:
     if isinstance(content, str):
         return content
-    return [{"type": "text", "text": block} if isinstance(block, str) else block for block in content]
+    return [
+        {"type": "text", "text": block} if isinstance(block, str) else block for block in content
+    ]
 
 
 def _assistant_message(message: AIMessage) -> dict[str, Any]:
     calls = [_wire_call(c["id"], c["name"], json.dumps(c["args"])) for c in message.tool_calls]
     # Invalid calls go back too: the agent answers each with an error tool message, and the
     # API rejects a tool message whose call is missing from the preceding assistant message.
-    calls += [_wire_call(c["id"], c["name"] or "", c["args"] or "") for c in message.invalid_tool_calls]
+    calls += [
+        _wire_call(c["id"], c["name"] or "", c["args"] or "") for c in message.invalid_tool_calls
+    ]
     wire: dict[str, Any] = {"role": "assistant", "content": message.text}
     if calls:
         wire["tool_calls"] = calls
@@ -184,19 +212,11 @@ def _wire_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
 
 def _message_from_completion(response: ChatCompletion) -> AIMessage:
     if not response.choices:
-        raise ModelError(f"OpenAI returned no choices for model {response.model!r} (response id {response.id})")
+        raise ModelError(
+            f"OpenAI returned no choices for model {response.model!r} (response id {response.id})"
+        )
     choice = response.choices[0]
-    tool_calls: list[ToolCall] = []
-    invalid: list[InvalidToolCall] = []
-    for call in choice.message.tool_calls or ():
-        if call.type != "function":
-            continue  # only function tools are ever sent
-        args, error = parse_tool_arguments(call.function.arguments)
-        if error is None:
-            tool_calls.append({"name": call.function.name, "args": args, "id": call.id, "type": "tool_call"})
-        else:
-            invalid.append({"name": call.function.name, "args": call.function.arguments, "id": call.id,
-                            "error": error, "type": "invalid_tool_call"})
+    tool_calls, invalid = _read_tool_calls(choice.message.tool_calls or [])
     return AIMessage(
         content=choice.message.content or "",
         tool_calls=tool_calls,
@@ -207,8 +227,34 @@ def _message_from_completion(response: ChatCompletion) -> AIMessage:
     )
 
 
+def _read_tool_calls(
+    calls: list[ChatCompletionMessageToolCallUnion],
+) -> tuple[list[ToolCall], list[InvalidToolCall]]:
+    """The calls whose arguments parse, and those whose arguments do not."""
+    valid: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for call in calls:
+        if call.type != "function":
+            continue  # only function tools are ever sent
+        name, raw = call.function.name, call.function.arguments
+        args, error = parse_tool_arguments(raw)
+        if error is None:
+            valid.append({"name": name, "args": args, "id": call.id, "type": "tool_call"})
+        else:
+            invalid.append(
+                {
+                    "name": name,
+                    "args": raw,
+                    "id": call.id,
+                    "error": error,
+                    "type": "invalid_tool_call",
+                }
+            )
+    return valid, invalid
+
+
 def _deltas_from_chunk(chunk: ChatCompletionChunk, finish: FinishDelta) -> list[ModelDelta]:
-    """The deltas in one streamed chunk; records the chunk's id, model, stop reason and usage in ``finish``."""
+    """The deltas in one streamed chunk; its id, model, stop reason and usage go into ``finish``."""
     finish.message_id = finish.message_id or chunk.id or None
     if chunk.model:
         finish.metadata["model_name"] = chunk.model
@@ -221,13 +267,22 @@ def _deltas_from_chunk(chunk: ChatCompletionChunk, finish: FinishDelta) -> list[
     deltas: list[ModelDelta] = [TextDelta(choice.delta.content)] if choice.delta.content else []
     for call in choice.delta.tool_calls or ():
         function = call.function
-        deltas.append(ToolCallDelta(call.index, call.id, function.name if function else None,
-                                    (function.arguments or "") if function else ""))
+        deltas.append(
+            ToolCallDelta(
+                call.index,
+                call.id,
+                function.name if function else None,
+                (function.arguments or "") if function else "",
+            )
+        )
     return deltas
 
 
 def _usage(usage: CompletionUsage | None) -> Usage | None:
     if usage is None:
         return None
-    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "output_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }

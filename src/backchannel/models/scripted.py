@@ -41,7 +41,8 @@ class ScriptedModel(ChatModel):
         index = self.calls
         self.calls += 1
         if self.record:
-            self.requests.append(request)
+            # A snapshot: the request's messages are the run's live list, which keeps growing.
+            self.requests.append(request.override(messages=list(request.messages)))
         if index >= len(self.script):
             if not self.loop or not self.script:
                 raise ModelError(f"ScriptedModel ran out of replies: its script has {len(self.script)} "
