@@ -22,7 +22,7 @@ from backchannel.context import RunContext, current_tool_call
 from backchannel.errors import MaxIterationsError, MiddlewareError
 from backchannel.events import Event, EventBus, filter_metadata
 from backchannel.interrupts import GraphInterrupt, Interrupt, InterruptScope, current_scope
-from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_from_input, new_id
+from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_from_input, new_id, pending_tool_calls
 from backchannel.middleware import JUMPS, Middleware, ModelHandler, ToolCallRequest, ToolHandler, overrides
 from backchannel.models import init_model
 from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, TextDelta, ToolCallDelta
@@ -121,6 +121,33 @@ class Agent:
         )
         return self._plan
 
+    def state_reducers(self) -> dict[str, Reducer]:
+        """The reducers of this agent's state keys (from its and its middleware's state schemas)."""
+        return (self._plan or self._compile()).reducers
+
+    def node_names(self) -> list[str]:
+        """The steps of this agent's loop, named as LangGraph names nodes (``model``, ``tools``, ``Mw.hook``)."""
+        plan = self._plan or self._compile()
+        hooks = plan.hooks
+
+        def named(hook: str) -> list[str]:
+            return [f"{mw_name}.{hook}" for mw_name, _ in hooks[hook]]
+
+        return [*named("before_agent"), *named("before_model"), "model", *named("after_model"), "tools",
+                *named("after_agent")]
+
+    def node_at(self, stage: str) -> str:
+        """The node a run continuing at ``stage`` runs next."""
+        plan = self._plan or self._compile()
+        name, _, index = stage.partition(":")
+        hooks = plan.hooks.get(name, [])
+        position = int(index or 0)
+        if name != "tools" and position < len(hooks):
+            return f"{hooks[position][0]}.{name}"
+        if name == "before_agent":
+            return self.node_at("before_model")
+        return {"before_model": "model", "after_model": "tools", "after_agent": "__end__"}.get(name, name)
+
     # -- running -------------------------------------------------------------
 
     async def run(self, state: dict[str, Any], ctx: RunContext, *, stage: str = "before_agent") -> RunResult:
@@ -134,7 +161,9 @@ class Agent:
         except GraphInterrupt as paused:
             if reports:
                 self._lifecycle(ctx, "interrupted")
-            ctx.emit("interrupt", {"interrupts": [i.to_dict() for i in paused.interrupts]})
+            ctx.emit("interrupt", {"interrupts": paused.interrupts})
+            if ctx.bus is not None and ctx.bus.wants_values:
+                ctx.emit("values", {**state, "__interrupt__": paused.interrupts})
             return RunResult("interrupted", state, paused.interrupts, paused.stage)
         except asyncio.CancelledError:
             if reports:
@@ -246,7 +275,7 @@ class Agent:
         arrived = ctx.inbox.drain()
         if arrived:
             await self._apply(plan, state, ctx, "inbox", {"messages": arrived}, "before_model")
-            ctx.inbox.ack(arrived)
+            await ctx.inbox.ack(arrived)
 
     async def _call_model(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> AIMessage:
         request = ModelRequest(plan.model, state["messages"], plan.system_prompt, plan.tool_list,
@@ -267,11 +296,13 @@ class Agent:
 
     async def _run_tools(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> bool:
         """Run the last reply's unanswered tool calls; returns whether a return-direct tool ran."""
-        ai, answered = _unanswered(state["messages"])
-        calls = [c for c in ai.tool_calls if c["id"] not in answered]
-        calls += [c for c in ai.invalid_tool_calls if c["id"] not in answered]
+        _, calls = pending_tool_calls(state["messages"])
         if len(calls) == 1 and not ctx.pending_tools:
-            update, direct = await self._execute_call(plan, calls[0], state, ctx)
+            try:
+                update, direct = await self._execute_call(plan, calls[0], state, ctx)
+            except GraphInterrupt as paused:
+                paused.stage = "tools"  # resume by running the call again
+                raise
             await self._apply(plan, state, ctx, "tools", update, "after_agent" if direct else "before_model")
             return direct
         results = await asyncio.gather(*(self._execute_in_batch(plan, c, state, ctx) for c in calls),
@@ -321,7 +352,12 @@ class Agent:
                 call, f"the arguments for tool {name!r} could not be read: {call.get('error')}. "
                       f"Received: {call.get('args')!r}. Call the tool again with a valid JSON object.")
         else:
-            result = await plan.call_tool(ToolCallRequest(call, tool, state, ctx))
+            # The interrupt scope covers wrap_tool_call middleware too (e.g. an approval step).
+            scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
+            try:
+                result = await plan.call_tool(ToolCallRequest(call, tool, state, ctx))
+            finally:
+                current_scope.reset(scope)
         update, direct, message = _tool_update(result, call, tool)
         if listening:
             event = "error" if message.status == "error" else "finished"
@@ -359,7 +395,9 @@ class Agent:
             return await self._runtime_for_threads().invoke(self, thread_id, input, context=context,
                                                              metadata=metadata)
         state = initial_state(input)
-        result = await self.run(state, self._context(context=context, metadata=metadata))
+        # A task of its own (with a copy of the caller's context), so context variables that
+        # hooks set stay within this run instead of leaking into the caller and its next run.
+        result = await asyncio.create_task(self.run(state, self._context(context=context, metadata=metadata)))
         if result.interrupts:
             state["__interrupt__"] = result.interrupts
         return state
@@ -468,11 +506,16 @@ def create_agent(model: SupportsChat | str | Any, tools: Sequence[Any] = (), *,
 
 def initial_state(input: Any) -> dict[str, Any]:
     """The state a run starts from: ``{"messages": ..., **other keys}`` or just messages."""
-    if isinstance(input, Mapping):
+    if isinstance(input, Mapping) and ("messages" in input or not _is_message_dict(input)):
         state = dict(input)
         state["messages"] = MessageList(messages_from_input(input.get("messages") or []))
         return state
     return {"messages": MessageList(messages_from_input(input if input is not None else []))}
+
+
+def _is_message_dict(value: Mapping[str, Any]) -> bool:
+    """Whether ``value`` is one message (``{"role": "user", "content": ...}``) rather than a state."""
+    return ("role" in value or "type" in value) and "content" in value
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
@@ -510,17 +553,6 @@ def _last_ai(messages: Sequence[AnyMessage]) -> AIMessage | None:
         if isinstance(m, AIMessage):
             return m
     return None
-
-
-def _unanswered(messages: Sequence[AnyMessage]) -> tuple[AIMessage, set[str]]:
-    """The last AI message and the ids of its tool calls that already have results."""
-    answered: set[str] = set()
-    for m in reversed(messages):
-        if isinstance(m, AIMessage):
-            return m, answered
-        if isinstance(m, ToolMessage):
-            answered.add(m.tool_call_id)
-    raise ValueError("cannot run tools: the conversation has no AI message with tool calls")
 
 
 def _error_message(call: Any, text: str) -> ToolMessage:
@@ -591,7 +623,6 @@ def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
             runtime = ToolRuntime(ctx.thread_id, ctx.run_id, ctx.agent, call["id"], request.state,
                                   ctx.context, ctx.store, ctx.emit_custom)
         caller = current_tool_call.set((ctx, call["id"]))
-        scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
         try:
             output = await tool.ainvoke(call["args"], runtime)
         except ToolArgumentsError as exc:
@@ -602,7 +633,6 @@ def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
         except Exception as exc:
             return _error_message(call, f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}")
         finally:
-            current_scope.reset(scope)
             current_tool_call.reset(caller)
         if isinstance(output, (ToolMessage, ToolResult)):
             return output

@@ -34,14 +34,11 @@ class Inbox(Protocol):
     def drain(self) -> list[AnyMessage]:
         """The messages waiting now (they stay until acknowledged)."""
 
-    def ack(self, messages: Sequence[AnyMessage]) -> None:
+    async def ack(self, messages: Sequence[AnyMessage]) -> None:
         """Forget messages that are now in the thread's state."""
 
-    def has_pending_work(self) -> bool:
-        """Whether something is still expected to arrive (e.g. background tasks running)."""
-
     async def wait(self) -> None:
-        """Return once a message has arrived or nothing more is expected."""
+        """Return once a message is waiting."""
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ __all__ = [
     "message_to_dict",
     "messages_from_input",
     "new_id",
+    "pending_tool_calls",
     "text_of",
     "tool_call",
 ]
@@ -248,6 +249,18 @@ def _read_tool_call(call: dict[str, Any]) -> ToolCall:
         args = fn.get("arguments") or "{}"
         return tool_call(fn["name"], json.loads(args) if isinstance(args, str) else args, call.get("id"))
     return tool_call(call["name"], call.get("args") or {}, call.get("id"))
+
+
+def pending_tool_calls(messages: list[AnyMessage]) -> tuple[AIMessage | None, list[Any]]:
+    """The last AI message and those of its tool calls (valid or not) that have no result yet."""
+    answered: set[str] = set()
+    for m in reversed(messages):
+        if isinstance(m, AIMessage):
+            calls = [*m.tool_calls, *m.invalid_tool_calls]
+            return m, [c for c in calls if c["id"] not in answered]
+        if isinstance(m, ToolMessage):
+            answered.add(m.tool_call_id)
+    return None, []
 
 
 def messages_from_input(value: Any) -> list[AnyMessage]:

@@ -134,7 +134,9 @@ def _as_async(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         return fn
 
     async def call(*args: Any) -> Any:
-        return fn(*args)
+        result = fn(*args)
+        # A sync wrap_* function returns ``handler(request)``, an awaitable: finish it here.
+        return await result if inspect.isawaitable(result) else result
 
     return call
 

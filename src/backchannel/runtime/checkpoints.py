@@ -1,0 +1,152 @@
+"""Checkpoints: each step's state change, recorded as a delta.
+
+A checkpoint stores only what its step changed (the new messages, the updated
+keys) and the stage the run continues at. A thread's state at a checkpoint is
+the fold of the deltas from its first checkpoint along the parent links, so
+storage grows linearly with the conversation. The newest state of recently
+used threads is kept in memory, so a run never refolds a thread it just wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from backchannel.events import Event, EventBus
+from backchannel.messages import new_id
+from backchannel.runtime.storage import CheckpointRow, Storage, now_iso
+from backchannel.serde import dumps, to_jsonable
+from backchannel.state import MessageList, Reducer, apply_update
+
+__all__ = ["Checkpointer", "Recorder", "ThreadState", "decode_update"]
+
+_CACHE_SIZE = 512
+
+
+def decode_update(delta: str) -> dict[str, Any]:
+    """A recorded delta back as a state update (messages stay dicts; the reducer reads them)."""
+    return json.loads(delta)
+
+
+@dataclass(slots=True)
+class ThreadState:
+    """A thread's state at one checkpoint (``head`` is ``None`` for a thread with no checkpoints)."""
+
+    values: dict[str, Any]
+    head: CheckpointRow | None
+
+    @property
+    def next_stage(self) -> str:
+        return self.head.next if self.head is not None else ""
+
+    @property
+    def seq(self) -> int:
+        return self.head.seq if self.head is not None else 0
+
+
+def empty_state() -> dict[str, Any]:
+    return {"messages": MessageList()}
+
+
+class Checkpointer:
+    """Reads and writes checkpoints through a storage backend, caching each thread's newest state."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._latest: OrderedDict[str, ThreadState] = OrderedDict()
+
+    async def latest(self, thread_id: str, reducers: Mapping[str, Reducer]) -> ThreadState:
+        """The thread's newest state (live: a run on the thread mutates it)."""
+        head = await self.storage.head_checkpoint(thread_id)
+        cached = self._latest.get(thread_id)
+        if cached is not None and _same(cached.head, head):
+            self._latest.move_to_end(thread_id)
+            return cached
+        state = await self.at(thread_id, head.checkpoint_id, reducers) if head else ThreadState(empty_state(), None)
+        self._remember(thread_id, state)
+        return state
+
+    async def at(self, thread_id: str, checkpoint_id: str, reducers: Mapping[str, Reducer]) -> ThreadState:
+        """The thread's state at ``checkpoint_id`` (a fresh copy, folded from the deltas)."""
+        chain = await self.storage.checkpoint_chain(thread_id, checkpoint_id)
+        if not chain:
+            from backchannel.errors import NotFoundError
+
+            raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
+        values = empty_state()
+        for row in chain:
+            apply_update(values, decode_update(row.delta), reducers)
+        return ThreadState(values, chain[-1])
+
+    def _remember(self, thread_id: str, state: ThreadState) -> None:
+        self._latest[thread_id] = state
+        self._latest.move_to_end(thread_id)
+        while len(self._latest) > _CACHE_SIZE:
+            self._latest.popitem(last=False)
+
+    def forget(self, thread_id: str) -> None:
+        """Drop the cached state (after a rollback or delete rewrote history)."""
+        self._latest.pop(thread_id, None)
+
+    async def write(self, thread_id: str, state: ThreadState, update: Mapping[str, Any], *, next_stage: str,
+                    source: str, run_id: str | None, step: int, reducers: Mapping[str, Reducer],
+                    apply: bool = True) -> CheckpointRow:
+        """Record ``update`` as a new checkpoint after ``state.head``; ``apply`` merges it into ``state``."""
+        if apply:
+            apply_update(state.values, update, reducers)
+        row = CheckpointRow(
+            thread_id, new_id(), state.head.checkpoint_id if state.head else None, state.seq + 1, run_id,
+            dumps(update), next_stage, {"source": source, "step": step}, now_iso())
+        await self.storage.put_checkpoint(row)
+        state.head = row
+        self._remember(thread_id, state)
+        return row
+
+
+class Recorder:
+    """The :class:`~backchannel.context.StepRecorder` of one run: every agent step becomes a checkpoint."""
+
+    def __init__(self, checkpointer: Checkpointer, thread_id: str, state: ThreadState, run_id: str,
+                 reducers: Mapping[str, Reducer], step: int, bus: EventBus | None = None) -> None:
+        self.checkpointer = checkpointer
+        self.bus = bus
+        self.thread_id = thread_id
+        self.state = state
+        self.run_id = run_id
+        self.reducers = reducers
+        self.step_count = step
+
+    async def step(self, node: str, update: Mapping[str, Any], next_stage: str) -> None:
+        # The agent has already merged the update into the (shared) state.
+        self.step_count += 1
+        parent = self.state.head
+        row = await self.checkpointer.write(self.thread_id, self.state, update, next_stage=next_stage,
+                                            source="loop", run_id=self.run_id, step=self.step_count,
+                                            reducers=self.reducers, apply=False)
+        if self.bus is not None and self.bus.wants_values and self.bus.listeners:
+            self.bus.publish(Event("checkpoint", _checkpoint_payload(row, parent, self.state.values), (), "",
+                                   self.thread_id, self.run_id))
+
+    async def pending(self, tool_call_id: str, update: Mapping[str, Any]) -> None:
+        await self.checkpointer.storage.put_pending_write(self.thread_id, tool_call_id, dumps(update))
+
+
+def _checkpoint_payload(row: CheckpointRow, parent: CheckpointRow | None, values: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint as LangGraph's ``checkpoints`` stream mode shows it."""
+
+    def config(checkpoint: CheckpointRow) -> dict[str, Any]:
+        return {"configurable": {"thread_id": checkpoint.thread_id, "checkpoint_ns": "",
+                                 "checkpoint_id": checkpoint.checkpoint_id}}
+
+    return {"config": config(row), "parent_config": config(parent) if parent else None,
+            "values": to_jsonable(dict(values)), "metadata": {**row.metadata, "run_id": row.run_id, "parents": {}},
+            "next": [row.next] if row.next else [], "tasks": []}
+
+
+def _same(a: CheckpointRow | None, b: CheckpointRow | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.checkpoint_id == b.checkpoint_id and a.next == b.next

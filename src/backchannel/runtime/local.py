@@ -1,0 +1,508 @@
+"""``LocalRuntime``: threads, runs, checkpoints and a store in this process.
+
+Its public surface is the LangGraph SDK client's (``assistants``,
+``threads``, ``runs``, ``store``), so code written against ``langgraph_sdk``
+works with it. Underneath, runs are asyncio tasks started by a scheduler that
+claims pending runs from storage: at most one run per thread, at most
+``max_concurrency`` at once. A run records a checkpoint at every step; when a
+runtime opens a database whose previous owner died mid-run, it picks those
+runs up from their last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from backchannel.agent import Agent, RunResult, describe_error
+from backchannel.context import RunContext
+from backchannel.errors import BackchannelError, InvalidRequestError, NotFoundError
+from backchannel.events import EventBus
+from backchannel.messages import AnyMessage, ToolMessage, message_from_dict, messages_from_input, new_id, pending_tool_calls
+from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
+from backchannel.runtime.clients import resume_map
+from backchannel.runtime.inbox import ThreadInbox
+from backchannel.runtime.storage import RunRow, Storage, ThreadRow, now_iso, open_storage
+from backchannel.runtime.streams import RunStream
+from backchannel.serde import dumps, to_jsonable
+from backchannel.state import Reducer
+
+__all__ = ["DEFAULT_STORE", "LocalRuntime", "assistant_id_for"]
+
+DEFAULT_STORE = "sqlite:///~/.backchannel/state.db"
+
+# LangGraph derives a registered graph's assistant id as uuid5(this namespace, graph_id).
+_ASSISTANT_NAMESPACE = uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
+_LEASE = timedelta(seconds=30)
+_TERMINAL = frozenset({"success", "error", "timeout", "interrupted"})
+_STREAMS_KEPT = 1000
+
+
+def assistant_id_for(graph_id: str) -> str:
+    """The assistant id of a registered graph, as LangGraph computes it."""
+    return str(uuid.uuid5(_ASSISTANT_NAMESPACE, graph_id))
+
+
+class LocalRuntime:
+    """The embedded runtime: ``LocalRuntime(store="sqlite:///path.db", agents={"name": agent})``.
+
+    ``store`` is ``"memory"``, a ``sqlite:///`` URL or path (default
+    ``~/.backchannel/state.db``), or a :class:`~backchannel.runtime.storage.Storage`.
+    Use it as ``async with LocalRuntime(...) as rt:`` or call ``await rt.close()``.
+    """
+
+    def __init__(self, store: str | Storage = DEFAULT_STORE, agents: Mapping[str, Agent] | None = None, *,
+                 max_concurrency: int = 256, heartbeat_interval: float = 5.0) -> None:
+        from backchannel.runtime.clients import AssistantsClient, RunsClient, StoreClient, ThreadsClient
+
+        self.storage = open_storage(store)
+        self.checkpoints = Checkpointer(self.storage)
+        self.max_concurrency = max_concurrency
+        self.heartbeat_interval = heartbeat_interval
+        self.worker_id = new_id()
+        self.graphs: dict[str, Agent] = {}
+        self._assistant_ids: dict[str, str] = {}
+        for graph_id, agent in (agents or {}).items():
+            self.register(graph_id, agent)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._streams: dict[str, RunStream] = {}
+        self._inboxes: dict[str, ThreadInbox] = {}
+        self._contexts: dict[str, contextvars.Context] = {}
+        self._cancel_actions: dict[str, str] = {}
+        self._wake = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        self._opened = False
+        self._open_lock: asyncio.Lock | None = None
+        self.assistants = AssistantsClient(self)
+        self.threads = ThreadsClient(self)
+        self.runs = RunsClient(self)
+        self.store = StoreClient(self)
+
+    # -- agents --------------------------------------------------------------
+
+    def register(self, graph_id: str, agent: Agent) -> None:
+        """Make ``agent`` available as the assistant ``graph_id``."""
+        if graph_id in self.graphs and self.graphs[graph_id] is not agent:
+            raise ValueError(f"an agent is already registered as {graph_id!r}")
+        self.graphs[graph_id] = agent
+        self._assistant_ids[assistant_id_for(graph_id)] = graph_id
+        if agent.runtime is None:
+            agent.runtime = self
+
+    def graph_id_of(self, assistant_id: str) -> str:
+        """The graph id an assistant id (or graph id) names; :class:`NotFoundError` if none."""
+        if assistant_id in self.graphs:
+            return assistant_id
+        if assistant_id in self._assistant_ids:
+            return self._assistant_ids[assistant_id]
+        known = ", ".join(sorted(self.graphs)) or "none registered"
+        raise NotFoundError(f"assistant {assistant_id!r} not found; known assistants: {known}")
+
+    def graph_id_for_agent(self, agent: Agent) -> str:
+        for graph_id, registered in self.graphs.items():
+            if registered is agent:
+                return graph_id
+        self.register(agent.graph_name, agent)
+        return agent.graph_name
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def __aenter__(self) -> LocalRuntime:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open storage, take over runs whose process died, and start scheduling."""
+        if self._opened:
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._opened:
+                return
+            await self.storage.open()
+            await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
+            await self._recover()
+            self._background = [asyncio.create_task(self._schedule_forever()),
+                                asyncio.create_task(self._heartbeat_forever())]
+            self._opened = True
+
+    async def close(self) -> None:
+        """Stop scheduling and running. Unfinished runs stay in storage and resume at the next open."""
+        if not self._opened:
+            return
+        self._opened = False
+        for task in [*self._background, *self._tasks.values()]:
+            task.cancel()
+        await asyncio.gather(*self._background, *self._tasks.values(), return_exceptions=True)
+        self._background = []
+        await self.storage.forget_worker(self.worker_id)
+        await self.storage.close()
+
+    async def _recover(self) -> None:
+        """Requeue, for this runtime, the runs of workers that are no longer alive."""
+        alive = [w for w, (info, beat) in (await self.storage.workers()).items() if _is_alive(info, beat)]
+        recovered = await self.storage.requeue_orphans(alive, self.worker_id)
+        for row in recovered:
+            await self.storage.update_thread(row.thread_id, status="busy")
+        if recovered:
+            self._wake.set()
+
+    async def _heartbeat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
+
+    # -- scheduling ----------------------------------------------------------
+
+    def kick(self) -> None:
+        """Tell the scheduler there may be runs to start."""
+        self._wake.set()
+
+    async def _schedule_forever(self) -> None:
+        while True:
+            self._wake.clear()
+            free = self.max_concurrency - len(self._tasks)
+            if free > 0:
+                for row in await self.storage.claim_runs(self.worker_id, free, now_iso()):
+                    self._start(row)
+            # A timer rather than asyncio.wait_for, which on 3.11 can swallow a cancellation that
+            # arrives as the event is set; the timer also starts runs whose after_seconds passed.
+            timer = asyncio.get_running_loop().call_later(0.25, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+
+    def _start(self, row: RunRow) -> None:
+        stream = self._streams.get(row.run_id) or self.new_stream(row)
+        context = self._contexts.pop(row.run_id, None) or contextvars.copy_context()
+        task = asyncio.create_task(self._execute(row, stream), context=context)
+        self._tasks[row.run_id] = task
+
+    def new_stream(self, row: RunRow) -> RunStream:
+        modes = row.kwargs.get("stream_mode") or ()
+        wants_values = bool({"values", "checkpoints", "debug"} & set(modes)) or bool(row.kwargs.get("stream_resumable"))
+        stream = RunStream(row.run_id, values=wants_values)
+        self._streams[row.run_id] = stream
+        if len(self._streams) > _STREAMS_KEPT:
+            for run_id in [r for r, s in self._streams.items() if s.finished][: len(self._streams) - _STREAMS_KEPT]:
+                del self._streams[run_id]
+        return stream
+
+    def remember_context(self, run_id: str) -> None:
+        """Run ``run_id`` in the caller's contextvars (so values set by hooks reach background runs)."""
+        self._contexts[run_id] = contextvars.copy_context()
+
+    def stream_of(self, run_id: str) -> RunStream | None:
+        return self._streams.get(run_id)
+
+    # -- executing one run -----------------------------------------------------
+
+    async def _execute(self, row: RunRow, stream: RunStream) -> None:
+        status, error, values = "error", None, None
+        agent = self.graphs.get(self._graph_id_or_none(row.assistant_id) or "")
+        try:
+            if agent is None:
+                raise NotFoundError(f"assistant {row.assistant_id!r} is not registered in this runtime")
+            await self.storage.update_thread(row.thread_id, status="busy", updated_at=now_iso())
+            result = await self._run_agent(row, agent, stream)
+            status, values = await self._finish(row, agent, result)
+        except asyncio.CancelledError:
+            action = self._cancel_actions.pop(row.run_id, None)
+            if action is None:  # the runtime is closing: leave the run to be resumed
+                stream.finish("interrupted")
+                raise
+            status = await self._cancelled(row, action)
+        except TimeoutError:
+            status, error = "timeout", {"type": "TimeoutError", "message": "the run exceeded its timeout"}
+            await self._fail(row, status, error)
+        except Exception as exc:
+            error = describe_error(exc)
+            stream.exception = exc
+            await self._fail(row, "error", error)
+        finally:
+            self._tasks.pop(row.run_id, None)
+            self._inboxes.pop(row.thread_id, None)
+            self.kick()
+        stream.finish(status, error=error, values=values)
+        if status == "success":
+            await self._wake_if_mail(row)
+
+    async def _run_agent(self, row: RunRow, agent: Agent, stream: RunStream) -> RunResult:
+        kwargs = row.kwargs
+        reducers = agent.state_reducers()
+        state = await self._load_state(row, reducers)
+        stage, resume = await self._prepare(row, state, reducers, stream, agent)
+        pending = {}
+        if state.head is not None and state.head.run_id == row.run_id:
+            pending = {k: _decode_pending(v) for k, v in (await self.storage.pending_writes(row.thread_id)).items()}
+        inbox = ThreadInbox(self.storage, row.thread_id, await self.storage.inbox(row.thread_id))
+        self._inboxes[row.thread_id] = inbox
+        step = state.head.metadata.get("step", 0) if state.head else 0
+        ctx = RunContext(
+            agent.graph_name, row.run_id, thread_id=row.thread_id, bus=stream.bus,
+            context=kwargs.get("context"), store=self.store, metadata=row.metadata,
+            recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus),
+            inbox=inbox, resume=resume, pending_tools=pending, runtime=self)
+        if not stage:
+            return RunResult("success", state.values)
+        run = agent.run(state.values, ctx, stage=stage)
+        timeout = kwargs.get("timeout")
+        if timeout:
+            async with asyncio.timeout(timeout):
+                return await run
+        return await run
+
+    async def _load_state(self, row: RunRow, reducers: Mapping[str, Reducer]) -> ThreadState:
+        checkpoint_id = row.kwargs.get("checkpoint_id")
+        latest = await self.checkpoints.latest(row.thread_id, reducers)
+        if checkpoint_id and not (latest.head and latest.head.run_id == row.run_id):
+            return await self.checkpoints.at(row.thread_id, checkpoint_id, reducers)
+        return latest
+
+    async def _prepare(self, row: RunRow, state: ThreadState, reducers: Mapping[str, Reducer],
+                       stream: RunStream, agent: Agent) -> tuple[str, dict[str, Any]]:
+        """Apply the run's input or command; returns the stage to start at and the resume values."""
+        kwargs = row.kwargs
+        command = kwargs.get("command") or {}
+        resume = kwargs.get("resume_map")
+        if resume is None and "resume" in command:
+            thread = await self.storage.get_thread(row.thread_id)
+            assert thread is not None
+            resume = resume_map(thread, command["resume"])
+        resume = resume or {}
+        if state.head is not None and state.head.run_id == row.run_id:
+            return state.next_stage, resume  # this run was interrupted by a crash: continue it
+        step = state.head.metadata.get("step", -1) if state.head else -2  # a thread's first input is step -1
+        if command.get("update") is not None:
+            await self.checkpoints.write(row.thread_id, state, command["update"], next_stage=state.next_stage,
+                                         source="update", run_id=row.run_id, step=step + 1, reducers=reducers)
+        if "resume" in command:
+            await self.storage.update_thread(row.thread_id, interrupts=[])
+            return state.next_stage, resume
+        if command.get("goto"):
+            return _GOTO_STAGES[command["goto"]], resume
+        if kwargs.get("wake"):
+            return "before_agent", resume
+        if kwargs.get("input") is None:
+            return state.next_stage, resume
+        update = input_update(kwargs["input"])
+        cancelled = _cancelled_tool_results(state.values["messages"])
+        if cancelled:
+            update["messages"] = [*cancelled, *update.get("messages", ())]
+        await self.checkpoints.write(row.thread_id, state, update, next_stage="before_agent", source="input",
+                                     run_id=row.run_id, step=step + 1, reducers=reducers)
+        if stream.bus.wants_values:
+            stream.publish("values", dict(state.values), agent=agent.graph_name, thread_id=row.thread_id)
+        return "before_agent", resume
+
+    async def _finish(self, row: RunRow, agent: Agent, result: RunResult) -> tuple[str, dict[str, Any]]:
+        state = await self.checkpoints.latest(row.thread_id, agent.state_reducers())
+        now = now_iso()
+        if result.status == "interrupted":
+            interrupts = [i.to_dict() for i in result.interrupts]
+            if state.head is not None:
+                await self.storage.set_checkpoint_next(row.thread_id, state.head.checkpoint_id, result.stage)
+                state.head.next = result.stage
+            await self.storage.update_thread(row.thread_id, status="interrupted", interrupts=interrupts,
+                                             updated_at=now, error=None)
+            await self.storage.update_run(row.run_id, status="interrupted", updated_at=now)
+            return "interrupted", to_jsonable(result.state)
+        if state.head is not None and state.head.next:
+            await self.storage.set_checkpoint_next(row.thread_id, state.head.checkpoint_id, "")
+            state.head.next = ""
+        active = await self.storage.active_runs(row.thread_id)
+        thread_status = "busy" if any(r.run_id != row.run_id for r in active) else "idle"
+        await self.storage.update_thread(row.thread_id, status=thread_status, updated_at=now, error=None,
+                                         interrupts=[])
+        await self.storage.update_run(row.run_id, status="success", updated_at=now)
+        return "success", to_jsonable(result.state)
+
+    async def _fail(self, row: RunRow, status: str, error: dict[str, Any]) -> None:
+        self.checkpoints.forget(row.thread_id)
+        now = now_iso()
+        await self.storage.update_run(row.run_id, status=status, error=error, updated_at=now)
+        await self.storage.update_thread(row.thread_id, status="error", error=error, updated_at=now)
+
+    async def _cancelled(self, row: RunRow, action: str) -> str:
+        self.checkpoints.forget(row.thread_id)
+        now = now_iso()
+        error = None
+        if action == "rollback":
+            await self.storage.delete_checkpoints_of_run(row.thread_id, row.run_id)
+            await self.storage.delete_run(row.run_id)
+        else:
+            await self.storage.update_run(row.run_id, status="interrupted", updated_at=now)
+            error = {"error": "UserInterrupt",
+                     "message": f"interrupt requested via POST /threads/{row.thread_id}/runs/{row.run_id}/cancel"}
+        others = [r for r in await self.storage.active_runs(row.thread_id) if r.run_id != row.run_id]
+        head = await self.storage.head_checkpoint(row.thread_id)
+        status = "busy" if others else "interrupted" if head is not None and head.next else "idle"
+        await self.storage.update_thread(row.thread_id, status=status, updated_at=now, error=error)
+        return "interrupted"
+
+    # -- cancelling and waiting ------------------------------------------------
+
+    async def cancel_run(self, row: RunRow, action: str = "interrupt", wait: bool = False) -> None:
+        """Stop a run: ``interrupt`` keeps its finished steps, ``rollback`` deletes the run and its steps."""
+        if action not in ("interrupt", "rollback"):
+            raise InvalidRequestError(f"cancel action must be 'interrupt' or 'rollback', not {action!r}")
+        task = self._tasks.get(row.run_id)
+        if task is not None:
+            self._cancel_actions[row.run_id] = action
+            task.cancel()
+            if wait:
+                await asyncio.gather(task, return_exceptions=True)
+            return
+        if row.status == "pending":
+            if action == "rollback":
+                await self.storage.delete_run(row.run_id)
+            else:
+                await self.storage.update_run(row.run_id, status="interrupted", updated_at=now_iso())
+            stream = self._streams.get(row.run_id)
+            if stream is not None:
+                stream.finish("interrupted")
+            others = [r for r in await self.storage.active_runs(row.thread_id) if r.run_id != row.run_id]
+            if not others:
+                thread = await self.storage.get_thread(row.thread_id)
+                if thread is not None and thread.status == "busy":
+                    await self.storage.update_thread(row.thread_id, status="idle")
+
+    async def wait_for(self, run_id: str) -> RunRow:
+        """Wait until a run has ended; returns its final row."""
+        stream = self._streams.get(run_id)
+        if stream is not None:
+            await stream.wait()
+        while True:
+            row = await self.storage.get_run(run_id)
+            if row is None or row.status in _TERMINAL:
+                if row is None:
+                    raise NotFoundError(f"run {run_id!r} not found (it may have been rolled back)")
+                return row
+            await asyncio.sleep(0.05)
+
+    # -- messages for threads ----------------------------------------------------
+
+    async def deliver(self, thread_id: str, message: AnyMessage, *, key: str,
+                      assistant_id: str | None = None) -> bool:
+        """Give ``message`` to a thread exactly once per ``key``: into its active run, or by waking it.
+
+        Returns ``False`` when a message with this key was delivered before.
+        """
+        await self.open()
+        if not await self.storage.put_inbox(thread_id, key, dumps(message), now_iso()):
+            return False
+        inbox = self._inboxes.get(thread_id)
+        if inbox is not None:
+            inbox.push(key, message)
+            return True
+        await self._wake_thread(thread_id, assistant_id)
+        return True
+
+    async def _wake_thread(self, thread_id: str, assistant_id: str | None = None) -> None:
+        if any(r.thread_id == thread_id for r in await self.storage.active_runs(thread_id)):
+            return  # a queued run will take the message
+        thread = await self.storage.get_thread(thread_id)
+        if thread is None:
+            raise NotFoundError(f"thread {thread_id!r} not found")
+        graph_id = assistant_id or thread.metadata.get("graph_id")
+        if graph_id is None:
+            raise InvalidRequestError(f"thread {thread_id!r} has never run an assistant; cannot wake it")
+        await self.runs.create(thread_id, graph_id, multitask_strategy="enqueue", _wake=True)
+
+    async def _wake_if_mail(self, row: RunRow) -> None:
+        """A message that arrived as the run was finishing gets a run of its own."""
+        if self._opened and await self.storage.inbox(row.thread_id):
+            await self._wake_thread(row.thread_id, row.assistant_id)
+
+    # -- the agent's thread API --------------------------------------------------
+
+    async def invoke(self, agent: Agent, thread_id: str, input: Any, *, context: Any = None,
+                     metadata: Mapping[str, Any] | None = None, bus: EventBus | None = None) -> dict[str, Any]:
+        """Run ``agent`` on a thread (created if new) and return the final state with message objects."""
+        graph_id = self.graph_id_for_agent(agent)
+        run = await self.runs.create(thread_id, graph_id, input=input, context=context, metadata=dict(metadata or {}),
+                                     if_not_exists="create", multitask_strategy="enqueue")
+        stream = self._streams[run["run_id"]]
+        if bus is not None:
+            stream.bus.listeners.extend(bus.listeners)
+            stream.bus.wants_values = stream.bus.wants_values or bus.wants_values
+        row = await self.wait_for(run["run_id"])
+        if row.status == "error":
+            raise stream.exception or BackchannelError(str((row.error or {}).get("message", "the run failed")))
+        state = await self.checkpoints.latest(thread_id, agent.state_reducers())
+        values = dict(state.values)
+        thread = await self.storage.get_thread(thread_id)
+        if thread is not None and thread.interrupts:
+            from backchannel.interrupts import Interrupt
+
+            values["__interrupt__"] = [Interrupt(i["value"], i["id"]) for i in thread.interrupts]
+        return values
+
+    def _graph_id_or_none(self, assistant_id: str) -> str | None:
+        try:
+            return self.graph_id_of(assistant_id)
+        except NotFoundError:
+            return None
+
+    async def ensure_thread(self, thread_id: str, metadata: Mapping[str, Any] | None = None) -> ThreadRow:
+        now = now_iso()
+        row = ThreadRow(thread_id, now, now, dict(metadata or {}))
+        if not await self.storage.create_thread(row):
+            existing = await self.storage.get_thread(thread_id)
+            assert existing is not None
+            return existing
+        return row
+
+
+_GOTO_STAGES = {"model": "before_model", "tools": "tools", "__end__": "", "end": ""}
+
+
+def _cancelled_tool_results(messages: list[AnyMessage]) -> list[ToolMessage]:
+    """Results for tool calls a cancelled run left unanswered (providers reject a call without a result)."""
+    _, calls = pending_tool_calls(messages)
+    return [ToolMessage(f"Tool call {c.get('name')!r} (id {c['id']}) was cancelled before it finished.",
+                        c["id"], c.get("name"), status="error") for c in calls]
+
+
+def input_update(value: Any) -> dict[str, Any]:
+    """A run's input as a state update: ``{"messages": [...], ...}`` (messages read from any accepted form)."""
+    if isinstance(value, Mapping):
+        update = dict(value)
+        if "messages" in update:
+            update["messages"] = messages_from_input(update["messages"])
+        return update
+    return {"messages": messages_from_input(value)}
+
+
+def _decode_pending(value: str) -> tuple[dict[str, Any], bool]:
+    data = json.loads(value)
+    update = data["update"]
+    update["messages"] = [message_from_dict(m) for m in update.get("messages", [])]
+    return update, bool(data["direct"])
+
+
+def _worker_info() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _is_alive(info: dict[str, Any], heartbeat_at: str) -> bool:
+    if info.get("host") == socket.gethostname():
+        try:
+            os.kill(int(info["pid"]), 0)
+        except (ProcessLookupError, ValueError, KeyError):
+            return False
+        except PermissionError:
+            pass
+    return datetime.now(timezone.utc) - datetime.fromisoformat(heartbeat_at) < _LEASE

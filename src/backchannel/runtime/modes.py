@@ -1,0 +1,190 @@
+"""LangGraph stream modes: a run's events as the parts ``langgraph_sdk`` clients expect.
+
+``values``, ``updates``, ``messages-tuple``, ``messages``, ``custom``,
+``events``, ``debug``, ``tasks`` and ``checkpoints`` follow the LangGraph
+API; ``lifecycle`` and ``tools`` carry the v2 protocol's payloads (named
+subagents with their cause; tool start/finish/error), and ``async_tasks``
+the status of background subagent tasks. With ``subgraphs`` a nested run's
+part is named ``<mode>|<namespace segments>``; without, nested parts are
+left out (as LangGraph does), except ``lifecycle`` which exists to report
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+
+from backchannel.events import Event
+from backchannel.messages import AIMessage, message_to_dict
+from backchannel.serde import to_jsonable
+
+__all__ = ["STREAM_MODES", "StreamMapper", "StreamPart", "interrupt_part"]
+
+STREAM_MODES = frozenset({"values", "updates", "messages", "messages-tuple", "custom", "events", "debug",
+                          "tasks", "checkpoints", "lifecycle", "tools", "async_tasks"})
+
+
+class StreamPart(NamedTuple):
+    """One part of a run's stream, as ``langgraph_sdk`` yields it."""
+
+    event: str
+    data: Any
+    id: str | None = None
+
+
+def interrupt_part(interrupt: Any) -> dict[str, Any]:
+    """An interrupt as streams show it: ``{"value", "id", "response_schema"}``."""
+    data = interrupt.to_dict() if hasattr(interrupt, "to_dict") else dict(interrupt)
+    return {"value": to_jsonable(data["value"]), "id": data["id"], "response_schema": None}
+
+
+class StreamMapper:
+    """Turns events into stream parts for the requested modes."""
+
+    def __init__(self, modes: Sequence[str], *, subgraphs: bool = False,
+                 metadata: dict[str, Any] | None = None) -> None:
+        self.modes = frozenset(modes)
+        self.subgraphs = subgraphs
+        self.metadata = metadata or {}
+        self._seen: set[str] = set()
+        self._partial: dict[str, dict[str, Any]] = {}
+        self._step = 0
+
+    def parts(self, event: Event) -> Iterator[StreamPart]:
+        """The parts ``event`` becomes (none, one, or a few)."""
+        nested = bool(event.namespace)
+        if nested and not self.subgraphs and event.type != "lifecycle":
+            return
+        suffix = "".join(f"|{segment}" for segment in event.namespace)
+        event_id = str(event.seq)
+        handler = getattr(self, f"_on_{event.type}", None)
+        if handler is None:
+            return
+        for mode, data in handler(event):
+            if mode in self.modes or (mode.startswith("messages/") and "messages" in self.modes):
+                name = mode if mode.startswith("messages/") else mode + suffix
+                yield StreamPart(name, data, event_id)
+
+    # Each _on_<type> yields (mode, data) pairs; parts() keeps the requested ones.
+
+    def _on_values(self, event: Event) -> Iterator[tuple[str, Any]]:
+        yield "values", to_jsonable(event.data)
+
+    def _on_updates(self, event: Event) -> Iterator[tuple[str, Any]]:
+        self._step += 1
+        update = to_jsonable(event.data)
+        yield "updates", update
+        for node, result in update.items():
+            task = {"id": f"{event.run_id}:{self._step}", "name": node}
+            yield "tasks", {**task, "input": None, "triggers": [f"branch:to:{node}"], "metadata": self._meta(event)}
+            yield "tasks", {**task, "error": None, "result": result, "interrupts": []}
+            yield "debug", {"step": self._step, "timestamp": _now(), "type": "task_result",
+                            "payload": {**task, "error": None, "result": result, "interrupts": []}}
+        if "messages" in self.modes:
+            for result in update.values():
+                for message in (result or {}).get("messages", ()) if isinstance(result, dict) else ():
+                    if message.get("type") != "ai":
+                        yield from self._complete_message(message, event)
+
+    def _on_checkpoint(self, event: Event) -> Iterator[tuple[str, Any]]:
+        yield "checkpoints", event.data
+        yield "debug", {"step": event.data.get("metadata", {}).get("step", self._step), "timestamp": _now(),
+                        "type": "checkpoint", "payload": event.data}
+
+    def _on_interrupt(self, event: Event) -> Iterator[tuple[str, Any]]:
+        yield "updates", {"__interrupt__": [interrupt_part(i) for i in event.data["interrupts"]]}
+
+    def _on_custom(self, event: Event) -> Iterator[tuple[str, Any]]:
+        yield "custom", to_jsonable(event.data)
+
+    def _on_lifecycle(self, event: Event) -> Iterator[tuple[str, Any]]:
+        yield "lifecycle", {**to_jsonable(event.data), "namespace": list(event.namespace)}
+        kind = {"started": "on_chain_start", "completed": "on_chain_end"}.get(event.data["event"])
+        if kind:
+            yield "events", self._langchain_event(kind, event.data.get("graph_name", event.agent), event, {})
+
+    def _on_task(self, event: Event) -> Iterator[tuple[str, Any]]:
+        yield "async_tasks", to_jsonable(event.data)
+
+    def _on_tool(self, event: Event) -> Iterator[tuple[str, Any]]:
+        data = event.data
+        kind = data["event"]
+        if kind == "started":
+            yield "tools", {"event": "tool-started", "tool_call_id": data["tool_call_id"],
+                            "tool_name": data["tool_name"], "input": to_jsonable(data.get("args"))}
+            yield "events", self._langchain_event("on_tool_start", data["tool_name"], event,
+                                                  {"input": to_jsonable(data.get("args"))})
+            return
+        message = message_to_dict(data["message"])
+        if kind == "error":
+            yield "tools", {"event": "tool-error", "tool_call_id": data["tool_call_id"],
+                            "message": data["message"].text}
+        else:
+            yield "tools", {"event": "tool-finished", "tool_call_id": data["tool_call_id"], "output": message}
+        yield "events", self._langchain_event("on_tool_end", data["tool_name"], event, {"output": message})
+        yield "messages-tuple", [message, self._meta(event, node="tools")]
+
+    def _on_message(self, event: Event) -> Iterator[tuple[str, Any]]:
+        data = event.data
+        message_id = data["message_id"]
+        meta = self._meta(event, node="model")
+        if data["event"] == "start":
+            self._partial[message_id] = {**message_to_dict(AIMessage(id=message_id, name=event.agent or None))}
+            yield "events", self._langchain_event("on_chat_model_start", "model", event, {})
+            if message_id not in self._seen:
+                self._seen.add(message_id)
+                yield "messages/metadata", {message_id: {"metadata": meta}}
+            return
+        if data["event"] == "delta":
+            chunk = _chunk(message_id, data, event.agent)
+            yield "messages-tuple", [chunk, meta]
+            yield "events", self._langchain_event("on_chat_model_stream", "model", event, {"chunk": chunk})
+            partial = self._partial.get(message_id)
+            if partial is not None:
+                if "text" in data:
+                    partial["content"] += data["text"]
+                yield "messages/partial", [dict(partial)]
+            return
+        final = message_to_dict(data["message"])
+        self._partial.pop(message_id, None)
+        last = {**final, "type": "AIMessageChunk", "content": "", "tool_call_chunks": [], "tool_calls": [],
+                "chunk_position": "last"}
+        yield "messages-tuple", [last, meta]
+        yield "messages/partial", [final]
+        yield "events", self._langchain_event("on_chat_model_end", "model", event, {"output": final})
+
+    def _complete_message(self, message: dict[str, Any], event: Event) -> Iterator[tuple[str, Any]]:
+        if message["id"] not in self._seen:
+            self._seen.add(message["id"])
+            yield "messages/metadata", {message["id"]: {"metadata": self._meta(event, node="tools")}}
+        yield "messages/complete", [message]
+
+    def _meta(self, event: Event, node: str | None = None) -> dict[str, Any]:
+        meta = {**self.metadata, "run_id": event.run_id, "thread_id": event.thread_id, "lc_agent_name": event.agent}
+        if node is not None:
+            meta["langgraph_node"] = node
+            meta["langgraph_checkpoint_ns"] = "|".join(event.namespace)
+        return meta
+
+    def _langchain_event(self, kind: str, name: str, event: Event, data: dict[str, Any]) -> dict[str, Any]:
+        return {"event": kind, "name": name, "run_id": event.run_id, "tags": [],
+                "metadata": self._meta(event), "data": data, "parent_ids": []}
+
+
+def _chunk(message_id: str, data: dict[str, Any], agent: str) -> dict[str, Any]:
+    """A streamed piece of an AI message, as LangChain's ``AIMessageChunk`` dict."""
+    chunk: dict[str, Any] = {
+        "content": data.get("text", ""), "additional_kwargs": {}, "response_metadata": {},
+        "type": "AIMessageChunk", "name": agent or None, "id": message_id, "tool_calls": [],
+        "invalid_tool_calls": [], "usage_metadata": None, "tool_call_chunks": [], "chunk_position": None}
+    if "tool_call" in data:
+        call = data["tool_call"]
+        chunk["tool_call_chunks"] = [{"name": call["name"], "args": call["args"], "id": call["id"],
+                                      "index": call["index"], "type": "tool_call_chunk"}]
+    return chunk
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()

@@ -1,0 +1,375 @@
+"""SQLite storage: one file in WAL mode (the embedded default), or ``:memory:`` for tests.
+
+Calls run inline on the event loop: SQLite answers in microseconds, far less
+than handing each call to a thread would cost. WAL lets several processes
+open the same file; ``busy_timeout`` makes a writer wait for another's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, Storage, ThreadRow
+
+__all__ = ["SQLiteStorage"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS threads (
+    thread_id TEXT PRIMARY KEY, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+    metadata TEXT NOT NULL, status TEXT NOT NULL, interrupts TEXT NOT NULL, error TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, assistant_id TEXT NOT NULL,
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, status TEXT NOT NULL, metadata TEXT NOT NULL,
+    kwargs TEXT NOT NULL, multitask_strategy TEXT NOT NULL, worker_id TEXT, scheduled_at TEXT NOT NULL,
+    error TEXT);
+CREATE INDEX IF NOT EXISTS runs_by_thread ON runs(thread_id, status);
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs(status, worker_id);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    thread_id TEXT NOT NULL, seq INTEGER NOT NULL, checkpoint_id TEXT NOT NULL, parent_id TEXT,
+    run_id TEXT, delta TEXT NOT NULL, next TEXT NOT NULL, metadata TEXT NOT NULL, created_at TEXT NOT NULL,
+    PRIMARY KEY (thread_id, seq)) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_by_id ON checkpoints(thread_id, checkpoint_id);
+CREATE TABLE IF NOT EXISTS pending_writes (
+    thread_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (thread_id, key));
+CREATE TABLE IF NOT EXISTS inbox (
+    thread_id TEXT NOT NULL, key TEXT NOT NULL, message TEXT NOT NULL, created_at TEXT NOT NULL,
+    delivered INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (thread_id, key));
+CREATE TABLE IF NOT EXISTS items (
+    namespace TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL, PRIMARY KEY (namespace, key));
+CREATE TABLE IF NOT EXISTS workers (worker_id TEXT PRIMARY KEY, info TEXT NOT NULL, heartbeat_at TEXT NOT NULL);
+"""
+
+_SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
+_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+class SQLiteStorage(Storage):
+    """Storage in one SQLite database file (or in memory with ``":memory:"``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path if path == ":memory:" else os.path.expanduser(path)
+        self._db: sqlite3.Connection | None = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("the storage is not open")
+        return self._db
+
+    async def open(self) -> None:
+        if self._db is not None:
+            return
+        if self.path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA busy_timeout = 10000")
+        if self.path != ":memory:":
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # -- threads
+
+    async def create_thread(self, row: ThreadRow) -> bool:
+        try:
+            self.db.execute(
+                "INSERT INTO threads VALUES (?,?,?,?,?,?,?)",
+                (row.thread_id, row.created_at, row.updated_at, _dump(row.metadata), row.status,
+                 _dump(row.interrupts), _dump(row.error) if row.error else None))
+        except sqlite3.IntegrityError:
+            return False
+        return True
+
+    async def get_thread(self, thread_id: str) -> ThreadRow | None:
+        found = self.db.execute("SELECT * FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
+        return _thread(found) if found else None
+
+    async def update_thread(self, thread_id: str, **fields: Any) -> None:
+        self._update("threads", "thread_id", thread_id, fields)
+
+    async def delete_thread(self, thread_id: str) -> bool:
+        with self._transaction() as db:
+            deleted = db.execute("DELETE FROM threads WHERE thread_id = ?", (thread_id,)).rowcount
+            for table in ("runs", "checkpoints", "pending_writes", "inbox"):
+                db.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
+        return bool(deleted)
+
+    def _thread_filter(self, metadata: dict[str, Any] | None, status: str | None,
+                       ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
+        clauses, params = ["1"], []
+        for key, value in (metadata or {}).items():
+            clauses.append("json_extract(metadata, ?) IS json_extract(?, '$')")
+            params += [f'$."{key}"', _dump(value)]
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status)
+        if ids is not None:
+            clauses.append(f"thread_id IN ({','.join('?' * len(ids))})")
+            params += list(ids)
+        return " AND ".join(clauses), params
+
+    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
+                             ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
+                             sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]:
+        if sort_by not in _THREAD_SORT:
+            raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
+        order = "ASC" if sort_order.lower() == "asc" else "DESC"
+        where, params = self._thread_filter(metadata, status, ids)
+        rows = self.db.execute(
+            f"SELECT * FROM threads WHERE {where} ORDER BY {sort_by} {order}, rowid {order} LIMIT ? OFFSET ?",
+            (*params, limit, offset)).fetchall()
+        return [_thread(r) for r in rows]
+
+    async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:
+        where, params = self._thread_filter(metadata, status)
+        return self.db.execute(f"SELECT count(*) FROM threads WHERE {where}", params).fetchone()[0]
+
+    # -- runs
+
+    async def create_run(self, row: RunRow) -> None:
+        self.db.execute(
+            "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
+             _dump(row.metadata), _dump(row.kwargs), row.multitask_strategy, row.worker_id,
+             row.scheduled_at, _dump(row.error) if row.error else None))
+
+    async def get_run(self, run_id: str) -> RunRow | None:
+        found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return _run(found) if found else None
+
+    async def update_run(self, run_id: str, **fields: Any) -> None:
+        self._update("runs", "run_id", run_id, fields)
+
+    async def delete_run(self, run_id: str) -> bool:
+        return bool(self.db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount)
+
+    async def list_runs(self, thread_id: str, *, status: str | None = None, limit: int = 10,
+                        offset: int = 0) -> list[RunRow]:
+        where, params = "thread_id = ?", [thread_id]
+        if status is not None:
+            where += " AND status = ?"
+            params.append(status)
+        rows = self.db.execute(f"SELECT * FROM runs WHERE {where} ORDER BY rowid DESC LIMIT ? OFFSET ?",
+                               (*params, limit, offset)).fetchall()
+        return [_run(r) for r in rows]
+
+    async def active_runs(self, thread_id: str) -> list[RunRow]:
+        rows = self.db.execute(
+            "SELECT * FROM runs WHERE thread_id = ? AND status IN ('pending', 'running') ORDER BY rowid",
+            (thread_id,)).fetchall()
+        return [_run(r) for r in rows]
+
+    async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
+        with self._transaction() as db:
+            candidates = db.execute(
+                "SELECT * FROM runs r WHERE status = 'pending' AND worker_id = ? AND scheduled_at <= ? "
+                "AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id AND x.status = 'running') "
+                "ORDER BY rowid", (worker_id, now)).fetchall()
+            claimed: list[RunRow] = []
+            threads: set[str] = set()
+            for row in map(_run, candidates):
+                if len(claimed) == limit:
+                    break
+                if row.thread_id not in threads:
+                    threads.add(row.thread_id)
+                    claimed.append(row)
+            db.executemany("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ?",
+                           [(now, r.run_id) for r in claimed])
+        for row in claimed:
+            row.status = "running"
+        return claimed
+
+    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
+        marks = ",".join("?" * len(alive_workers))
+        orphaned = f"status IN ('pending', 'running') AND (worker_id IS NULL OR worker_id NOT IN ({marks}))"
+        with self._transaction() as db:
+            rows = db.execute(f"SELECT * FROM runs WHERE {orphaned} ORDER BY rowid", tuple(alive_workers)).fetchall()
+            db.execute(f"UPDATE runs SET status = 'pending', worker_id = ? WHERE {orphaned}",
+                       (new_worker_id, *alive_workers))
+        return [_run(r) for r in rows]
+
+    # -- workers
+
+    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None:
+        self.db.execute("INSERT INTO workers VALUES (?,?,?) ON CONFLICT(worker_id) DO UPDATE "
+                        "SET heartbeat_at = excluded.heartbeat_at", (worker_id, _dump(info), now))
+
+    async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
+        rows = self.db.execute("SELECT worker_id, info, heartbeat_at FROM workers").fetchall()
+        return {w: (json.loads(info), at) for w, info, at in rows}
+
+    async def forget_worker(self, worker_id: str) -> None:
+        self.db.execute("DELETE FROM workers WHERE worker_id = ?", (worker_id,))
+
+    # -- checkpoints
+
+    async def put_checkpoint(self, row: CheckpointRow) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
+                       (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, row.delta,
+                        row.next, _dump(row.metadata), row.created_at))
+            db.execute("DELETE FROM pending_writes WHERE thread_id = ?", (row.thread_id,))
+
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
+        found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
+                                (thread_id, checkpoint_id)).fetchone()
+        return _checkpoint(found) if found else None
+
+    async def head_checkpoint(self, thread_id: str) -> CheckpointRow | None:
+        found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? ORDER BY seq DESC LIMIT 1",
+                                (thread_id,)).fetchone()
+        return _checkpoint(found) if found else None
+
+    async def list_checkpoints(self, thread_id: str, *, limit: int | None = None,
+                               before_seq: int | None = None) -> list[CheckpointRow]:
+        where, params = "thread_id = ?", [thread_id]
+        if before_seq is not None:
+            where += " AND seq < ?"
+            params.append(before_seq)
+        rows = self.db.execute(f"SELECT * FROM checkpoints WHERE {where} ORDER BY seq DESC LIMIT ?",
+                               (*params, -1 if limit is None else limit)).fetchall()
+        return [_checkpoint(r) for r in rows]
+
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
+        head = await self.get_checkpoint(thread_id, checkpoint_id)
+        if head is None:
+            return []
+        rows = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND seq <= ? ORDER BY seq",
+                               (thread_id, head.seq)).fetchall()
+        by_id = {r[2]: r for r in rows}
+        chain: list[CheckpointRow] = []
+        current: str | None = checkpoint_id
+        while current is not None:
+            row = by_id[current]
+            chain.append(_checkpoint(row))
+            current = row[3]
+        chain.reverse()
+        return chain
+
+    async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
+        self.db.execute("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
+                        (next, thread_id, checkpoint_id))
+
+    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
+        self.db.execute("DELETE FROM checkpoints WHERE thread_id = ? AND run_id = ?", (thread_id, run_id))
+
+    async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
+        self.db.execute("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
+                        "metadata, created_at FROM checkpoints WHERE thread_id = ?", (new_thread_id, thread_id))
+
+    async def put_pending_write(self, thread_id: str, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO pending_writes VALUES (?,?,?)", (thread_id, key, value))
+
+    async def pending_writes(self, thread_id: str) -> dict[str, str]:
+        rows = self.db.execute("SELECT key, value FROM pending_writes WHERE thread_id = ?", (thread_id,))
+        return dict(rows.fetchall())
+
+    # -- inbox
+
+    async def put_inbox(self, thread_id: str, key: str, message: str, now: str) -> bool:
+        cursor = self.db.execute("INSERT OR IGNORE INTO inbox VALUES (?,?,?,?,0)", (thread_id, key, message, now))
+        return cursor.rowcount == 1
+
+    async def inbox(self, thread_id: str) -> list[tuple[str, str]]:
+        rows = self.db.execute("SELECT key, message FROM inbox WHERE thread_id = ? AND delivered = 0 "
+                               "ORDER BY created_at, rowid", (thread_id,))
+        return rows.fetchall()
+
+    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
+        self.db.executemany("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key = ?",
+                            [(thread_id, k) for k in keys])
+
+    # -- items
+
+    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
+        self.db.execute("INSERT INTO items VALUES (?,?,?,?,?) ON CONFLICT(namespace, key) DO UPDATE "
+                        "SET value = excluded.value, updated_at = excluded.updated_at",
+                        (_SEP.join(namespace), key, _dump(value), now, now))
+
+    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
+        found = self.db.execute("SELECT * FROM items WHERE namespace = ? AND key = ?",
+                                (_SEP.join(namespace), key)).fetchone()
+        return _item(found) if found else None
+
+    async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
+        self.db.execute("DELETE FROM items WHERE namespace = ? AND key = ?", (_SEP.join(namespace), key))
+
+    async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
+                           limit: int = 10, offset: int = 0) -> list[ItemRow]:
+        clauses, params = ["1"], []
+        if prefix:
+            joined = _SEP.join(prefix)
+            clauses.append("(namespace = ? OR substr(namespace, 1, ?) = ?)")
+            params += [joined, len(joined) + 1, joined + _SEP]
+        for key, value in (filter or {}).items():
+            clauses.append("json_extract(value, ?) IS json_extract(?, '$')")
+            params += [f'$."{key}"', _dump(value)]
+        rows = self.db.execute(f"SELECT * FROM items WHERE {' AND '.join(clauses)} "
+                               "ORDER BY updated_at DESC LIMIT ? OFFSET ?", (*params, limit, offset)).fetchall()
+        return [_item(r) for r in rows]
+
+    async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),
+                              max_depth: int | None = None, limit: int = 100,
+                              offset: int = 0) -> list[tuple[str, ...]]:
+        found: set[tuple[str, ...]] = set()
+        for (joined,) in self.db.execute("SELECT DISTINCT namespace FROM items"):
+            ns = tuple(joined.split(_SEP))
+            if ns[: len(prefix)] != prefix or (suffix and ns[-len(suffix):] != suffix):
+                continue
+            found.add(ns[:max_depth] if max_depth is not None else ns)
+        return sorted(found)[offset: offset + limit]
+
+    # -- helpers
+
+    def _update(self, table: str, key: str, value: str, fields: dict[str, Any]) -> None:
+        if not fields:
+            return
+        columns = ", ".join(f"{name} = ?" for name in fields)
+        params = [_dump(v) if name in ("metadata", "kwargs", "interrupts", "error") and v is not None else v
+                  for name, v in fields.items()]
+        self.db.execute(f"UPDATE {table} SET {columns} WHERE {key} = ?", (*params, value))
+
+
+def _thread(row: tuple[Any, ...]) -> ThreadRow:
+    return ThreadRow(row[0], row[1], row[2], json.loads(row[3]), row[4], json.loads(row[5]),
+                     json.loads(row[6]) if row[6] else None)
+
+
+def _run(row: tuple[Any, ...]) -> RunRow:
+    return RunRow(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), json.loads(row[7]),
+                  row[8], row[9], row[10], json.loads(row[11]) if row[11] else None)
+
+
+def _checkpoint(row: tuple[Any, ...]) -> CheckpointRow:
+    return CheckpointRow(row[0], row[2], row[3], row[1], row[4], row[5], row[6], json.loads(row[7]), row[8])
+
+
+def _item(row: tuple[Any, ...]) -> ItemRow:
+    return ItemRow(tuple(row[0].split(_SEP)), row[1], json.loads(row[2]), row[3], row[4])

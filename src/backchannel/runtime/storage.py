@@ -1,0 +1,238 @@
+"""What the runtime keeps, and the interface every storage backend implements.
+
+The runtime never speaks SQL: it calls these async methods. Rows are small
+dataclasses; JSON-able fields hold plain dicts and lists.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = ["CheckpointRow", "ItemRow", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage"]
+
+
+def now_iso() -> str:
+    """The current UTC time as ISO 8601, the format the LangGraph API uses."""
+    return datetime.now(timezone.utc).isoformat()
+
+
+@dataclass(slots=True)
+class ThreadRow:
+    thread_id: str
+    created_at: str
+    updated_at: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    status: str = "idle"
+    interrupts: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class RunRow:
+    run_id: str
+    thread_id: str
+    assistant_id: str
+    created_at: str
+    updated_at: str
+    status: str = "pending"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    multitask_strategy: str = "reject"
+    worker_id: str | None = None
+    scheduled_at: str = ""
+    error: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class CheckpointRow:
+    """One recorded step: the state change (``delta``) and the stage the run continues at."""
+
+    thread_id: str
+    checkpoint_id: str
+    parent_id: str | None
+    seq: int
+    run_id: str | None
+    delta: str  # JSON of the state update
+    next: str  # the stage to continue at; "" when the run ended there
+    metadata: dict[str, Any]
+    created_at: str
+
+
+@dataclass(slots=True)
+class ItemRow:
+    namespace: tuple[str, ...]
+    key: str
+    value: dict[str, Any]
+    created_at: str
+    updated_at: str
+
+
+class Storage(abc.ABC):
+    """A storage backend. Methods are async so networked backends fit; local ones return at once."""
+
+    # -- lifecycle
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Create tables if needed; called once before use."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections."""
+
+    # -- threads
+    @abc.abstractmethod
+    async def create_thread(self, row: ThreadRow) -> bool:
+        """Insert a thread; ``False`` if its id is taken."""
+
+    @abc.abstractmethod
+    async def get_thread(self, thread_id: str) -> ThreadRow | None: ...
+
+    @abc.abstractmethod
+    async def update_thread(self, thread_id: str, **fields: Any) -> None: ...
+
+    @abc.abstractmethod
+    async def delete_thread(self, thread_id: str) -> bool:
+        """Delete a thread with its runs, checkpoints and messages waiting for it."""
+
+    @abc.abstractmethod
+    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
+                             ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
+                             sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]: ...
+
+    @abc.abstractmethod
+    async def count_threads(self, *, metadata: dict[str, Any] | None = None,
+                            status: str | None = None) -> int: ...
+
+    # -- runs
+    @abc.abstractmethod
+    async def create_run(self, row: RunRow) -> None: ...
+
+    @abc.abstractmethod
+    async def get_run(self, run_id: str) -> RunRow | None: ...
+
+    @abc.abstractmethod
+    async def update_run(self, run_id: str, **fields: Any) -> None: ...
+
+    @abc.abstractmethod
+    async def delete_run(self, run_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def list_runs(self, thread_id: str, *, status: str | None = None, limit: int = 10,
+                        offset: int = 0) -> list[RunRow]:
+        """A thread's runs, newest first."""
+
+    @abc.abstractmethod
+    async def active_runs(self, thread_id: str) -> list[RunRow]:
+        """A thread's pending and running runs, oldest first."""
+
+    @abc.abstractmethod
+    async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
+        """Mark up to ``limit`` runs of this worker ``running`` and return them.
+
+        A run is claimable when it is pending, its ``scheduled_at`` has passed
+        and no other run of its thread is running; the oldest go first, one
+        per thread.
+        """
+
+    @abc.abstractmethod
+    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
+        """Give the running and pending runs of workers not in ``alive_workers`` to ``new_worker_id``, as pending."""
+
+    # -- workers (who is alive, for crash recovery)
+    @abc.abstractmethod
+    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None: ...
+
+    @abc.abstractmethod
+    async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
+        """Every known worker: id -> (info, last heartbeat)."""
+
+    @abc.abstractmethod
+    async def forget_worker(self, worker_id: str) -> None: ...
+
+    # -- checkpoints
+    @abc.abstractmethod
+    async def put_checkpoint(self, row: CheckpointRow) -> None:
+        """Append a checkpoint; also drops the pending tool results of its thread."""
+
+    @abc.abstractmethod
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None: ...
+
+    @abc.abstractmethod
+    async def head_checkpoint(self, thread_id: str) -> CheckpointRow | None:
+        """The thread's newest checkpoint."""
+
+    @abc.abstractmethod
+    async def list_checkpoints(self, thread_id: str, *, limit: int | None = None,
+                               before_seq: int | None = None) -> list[CheckpointRow]:
+        """A thread's checkpoints, newest first."""
+
+    @abc.abstractmethod
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
+        """The checkpoints from the thread's first up to ``checkpoint_id``, following parents."""
+
+    @abc.abstractmethod
+    async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None: ...
+
+    @abc.abstractmethod
+    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def put_pending_write(self, thread_id: str, key: str, value: str) -> None:
+        """Keep one finished tool call of a parallel batch until the batch is checkpointed."""
+
+    @abc.abstractmethod
+    async def pending_writes(self, thread_id: str) -> dict[str, str]: ...
+
+    # -- inbox: messages for a thread, delivered into its next model call or a new run
+    @abc.abstractmethod
+    async def put_inbox(self, thread_id: str, key: str, message: str, now: str) -> bool:
+        """Queue a message for a thread once per ``key``; ``False`` if that key was seen before."""
+
+    @abc.abstractmethod
+    async def inbox(self, thread_id: str) -> list[tuple[str, str]]:
+        """Undelivered ``(key, message)`` pairs, oldest first."""
+
+    @abc.abstractmethod
+    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None: ...
+
+    # -- the key-value store
+    @abc.abstractmethod
+    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None: ...
+
+    @abc.abstractmethod
+    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None: ...
+
+    @abc.abstractmethod
+    async def delete_item(self, namespace: tuple[str, ...], key: str) -> None: ...
+
+    @abc.abstractmethod
+    async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
+                           limit: int = 10, offset: int = 0) -> list[ItemRow]: ...
+
+    @abc.abstractmethod
+    async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),
+                              max_depth: int | None = None, limit: int = 100,
+                              offset: int = 0) -> list[tuple[str, ...]]: ...
+
+
+def open_storage(url: str | Storage) -> Storage:
+    """A backend from a URL: ``"memory"``, ``"sqlite:///path/to/file.db"`` (``~`` expands), or a path."""
+    if isinstance(url, Storage):
+        return url
+    from backchannel.runtime.sqlite import SQLiteStorage
+
+    if url in ("memory", ":memory:", "sqlite://:memory:", "sqlite:///:memory:"):
+        return SQLiteStorage(":memory:")
+    if url.startswith("sqlite:///"):
+        return SQLiteStorage(url.removeprefix("sqlite:///"))
+    if "://" in url:
+        scheme = url.split("://", 1)[0]
+        raise ValueError(f"unsupported store URL {url!r}: scheme {scheme!r}; use 'memory' or 'sqlite:///path'")
+    return SQLiteStorage(url)

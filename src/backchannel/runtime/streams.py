@@ -1,0 +1,89 @@
+"""The event stream of one run, kept so late joiners can replay it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from backchannel.events import Event, EventBus
+
+__all__ = ["RunStream"]
+
+
+class RunStream:
+    """Collects a run's events as they are published and lets any number of readers follow them.
+
+    Readers start from the beginning or after a given ``seq`` (what SSE
+    clients send as ``Last-Event-ID``) and end when the run ends.
+    """
+
+    def __init__(self, run_id: str, *, values: bool = False) -> None:
+        self.run_id = run_id
+        self.bus = EventBus(wants_values=values)
+        self.events: list[Event] = []
+        self.status: str | None = None
+        self.error: dict[str, Any] | None = None
+        self.final_values: dict[str, Any] | None = None
+        self.exception: BaseException | None = None  # the agent's own error, for in-process callers
+        self._waiter: asyncio.Future[None] | None = None
+        self.bus.subscribe(self._on_event)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not None
+
+    def _on_event(self, event: Event) -> None:
+        self.events.append(event)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        self._waiter = None
+
+    def publish(self, type: str, data: Any, *, agent: str = "", thread_id: str | None = None) -> None:
+        """Publish an event on behalf of the runtime (not the agent)."""
+        self.bus.publish(Event(type, data, (), agent, thread_id, self.run_id))
+
+    def finish(self, status: str, *, error: dict[str, Any] | None = None,
+               values: dict[str, Any] | None = None) -> None:
+        """Mark the run ended; followers drain what is left and stop."""
+        self.status = status
+        self.error = error
+        self.final_values = values
+        self._wake()
+
+    async def wait(self) -> str:
+        """Wait for the run to end; returns its status."""
+        while self.status is None:
+            await self._next_change()
+        return self.status
+
+    async def _next_change(self) -> None:
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._waiter)
+
+    async def follow(self, after_seq: int = 0) -> AsyncIterator[Event]:
+        """Every event with ``seq > after_seq``, then the ones still to come, until the run ends."""
+        index = _first_after(self.events, after_seq)
+        while True:
+            while index < len(self.events):
+                yield self.events[index]
+                index += 1
+            if self.status is not None:
+                return
+            await self._next_change()
+
+
+def _first_after(events: list[Event], seq: int) -> int:
+    # seq numbers are increasing, so the index of the first later event is a binary search away.
+    lo, hi = 0, len(events)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if events[mid].seq <= seq:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
