@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -23,27 +24,31 @@ from backchannel.errors import MaxIterationsError, MiddlewareError
 from backchannel.events import Event, EventBus, filter_metadata
 from backchannel.interrupts import GraphInterrupt, Interrupt, InterruptScope, current_scope
 from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_from_input, new_id, pending_tool_calls
-from backchannel.middleware import JUMPS, Middleware, ModelHandler, ToolCallRequest, ToolHandler, overrides
+from backchannel.middleware import HOOKS, JUMPS, Middleware, ModelHandler, ToolCallRequest, ToolHandler, overrides
 from backchannel.models import init_model
 from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, TextDelta, ToolCallDelta
 from backchannel.state import MessageList, Reducer, apply_update, reducers_of
-from backchannel.tools import Tool, ToolArgumentsError, ToolResult, ToolRuntime, as_tool
+from backchannel.tools import Tool, ToolArgumentsError, ToolError, ToolResult, ToolRuntime, as_tool
 
 __all__ = ["Agent", "AgentStream", "RunResult", "create_agent"]
 
 DEFAULT_MAX_ITERATIONS = 50
+
+logger = logging.getLogger("backchannel")
 
 _JUMP_TARGETS = {"end": "after_agent", "model": "before_model"}
 
 
 @dataclass(slots=True)
 class RunResult:
-    """How a run ended: ``success`` with its final state, or ``interrupted`` waiting for a human."""
+    """How a run ended, with its state: ``success``, ``interrupted`` (waiting for a human, ``stage``
+    says where it resumes), or, as ``on_end`` hooks see it, ``error``, ``timeout`` or ``cancelled``."""
 
-    status: Literal["success", "interrupted"]
+    status: Literal["success", "interrupted", "error", "timeout", "cancelled"]
     state: dict[str, Any]
     interrupts: list[Interrupt] = field(default_factory=list)
     stage: str = ""
+    error: BaseException | None = None
 
 
 @dataclass(slots=True)
@@ -100,10 +105,8 @@ class Agent:
             if t.name in tools and tools[t.name] is not t:
                 raise ValueError(f"agent {self.graph_name!r} has two tools named {t.name!r}")
             tools[t.name] = t
-        hooks = {h: [(mw.name, getattr(mw, h)) for mw in self.middleware if overrides(mw, h)]
-                 for h in ("before_agent", "before_model", "after_model", "wrap_model_call",
-                           "wrap_tool_call", "after_agent")}
-        for h in ("after_model", "after_agent"):
+        hooks = {h: [(mw.name, getattr(mw, h)) for mw in self.middleware if overrides(mw, h)] for h in HOOKS}
+        for h in ("after_model", "after_agent", "on_end"):
             hooks[h].reverse()
         prompts = [self.system_prompt, *(mw.system_prompt for mw in self.middleware)]
         reducers = reducers_of(self.state_schema)
@@ -157,25 +160,52 @@ class Agent:
         if reports:
             self._lifecycle(ctx, "started")
         try:
-            await self._loop(plan, state, ctx, stage)
+            if ctx.deadline is None:
+                await self._loop(plan, state, ctx, stage)
+            else:
+                async with asyncio.timeout_at(ctx.deadline):
+                    await self._loop(plan, state, ctx, stage)
         except GraphInterrupt as paused:
+            result = RunResult("interrupted", state, paused.interrupts, paused.stage)
+            await self._end(plan, ctx, result)
             if reports:
                 self._lifecycle(ctx, "interrupted")
             ctx.emit("interrupt", {"interrupts": paused.interrupts})
             if ctx.bus is not None and ctx.bus.wants_values:
                 ctx.emit("values", {**state, "__interrupt__": paused.interrupts})
-            return RunResult("interrupted", state, paused.interrupts, paused.stage)
+            return result
         except asyncio.CancelledError:
             if reports:
                 self._lifecycle(ctx, "cancelled")
+            await self._end(plan, ctx, RunResult("cancelled", state))
             raise
         except BaseException as exc:
+            timed_out = isinstance(exc, TimeoutError) and ctx.deadline is not None
+            if reports:
+                self._lifecycle(ctx, "failed", error=describe_error(exc))
+            await self._end(plan, ctx, RunResult("timeout" if timed_out else "error", state, error=exc))
+            raise
+        result = RunResult("success", state)
+        try:
+            await self._end(plan, ctx, result, raising=True)
+        except MiddlewareError as exc:
             if reports:
                 self._lifecycle(ctx, "failed", error=describe_error(exc))
             raise
         if reports:
             self._lifecycle(ctx, "completed")
-        return RunResult("success", state)
+        return result
+
+    async def _end(self, plan: _Plan, ctx: RunContext, result: RunResult, *, raising: bool = False) -> None:
+        """Tell ``on_end`` hooks how the run ended. A failure fails a successful run; after another
+        failure it is logged, since the run's own error is the one to report."""
+        for mw_name, fn in plan.hooks["on_end"]:
+            try:
+                await fn(result.state, ctx, result)
+            except Exception as exc:
+                if raising:
+                    raise MiddlewareError(mw_name, "on_end", exc) from exc
+                logger.exception("middleware %r failed in on_end after the run ended %s", mw_name, result.status)
 
     def _lifecycle(self, ctx: RunContext, event: str, **extra: Any) -> None:
         bus = ctx.bus
@@ -621,13 +651,15 @@ def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
         runtime = None
         if tool.runtime_param is not None:
             runtime = ToolRuntime(ctx.thread_id, ctx.run_id, ctx.agent, call["id"], request.state,
-                                  ctx.context, ctx.store, ctx.emit_custom)
+                                  ctx.context, ctx.store, ctx.emit_custom, ctx)
         caller = current_tool_call.set((ctx, call["id"]))
         try:
             output = await tool.ainvoke(call["args"], runtime)
         except ToolArgumentsError as exc:
             return _error_message(call, f"invalid arguments for tool {tool.name!r}: {exc}. "
                                         "Call the tool again with arguments that match its schema.")
+        except ToolError as exc:
+            return _error_message(call, str(exc))
         except GraphInterrupt:
             raise
         except Exception as exc:

@@ -59,6 +59,7 @@ class RunContext:
     pending_tools: dict[str, Any] = field(default_factory=dict)
     runtime: Any = None
     parent: RunContext | None = None
+    deadline: float | None = None  # event-loop time by which the run must end (it then times out)
 
     def emit(self, type: str, data: Any) -> None:
         """Publish an event of this run (a no-op when nobody listens)."""

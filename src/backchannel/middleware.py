@@ -31,6 +31,7 @@ from backchannel.models.base import ModelRequest
 from backchannel.tools import Tool, ToolResult
 
 if TYPE_CHECKING:
+    from backchannel.agent import RunResult
     from backchannel.context import RunContext
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "after_model",
     "before_agent",
     "before_model",
+    "on_end",
     "wrap_model_call",
     "wrap_tool_call",
 ]
@@ -67,7 +69,8 @@ class ToolCallRequest:
 ModelHandler = Callable[[ModelRequest], Awaitable[AIMessage]]
 ToolHandler = Callable[[ToolCallRequest], Awaitable[ToolMessage | ToolResult]]
 
-HOOKS = ("before_agent", "before_model", "wrap_model_call", "after_model", "wrap_tool_call", "after_agent")
+HOOKS = ("before_agent", "before_model", "wrap_model_call", "after_model", "wrap_tool_call", "after_agent",
+         "on_end")
 
 # Where each hook may send the run with "jump_to".
 JUMPS: dict[str, frozenset[str]] = {
@@ -123,6 +126,10 @@ class Middleware:
         """
         return None
 
+    async def on_end(self, state: Mapping[str, Any], ctx: RunContext, result: RunResult) -> None:
+        """Once, as the run ends, whatever the outcome (``result.status``): for reporting and cleanup."""
+        return None
+
 
 def overrides(middleware: Middleware, hook: str) -> bool:
     """Whether ``middleware`` does something in ``hook`` (not the base no-op)."""
@@ -167,3 +174,4 @@ wrap_model_call = _function_middleware("wrap_model_call")
 after_model = _function_middleware("after_model")
 wrap_tool_call = _function_middleware("wrap_tool_call")
 after_agent = _function_middleware("after_agent")
+on_end = _function_middleware("on_end")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, overload
 
-__all__ = ["Tool", "ToolArgumentsError", "ToolResult", "ToolRuntime", "tool"]
+__all__ = ["Tool", "ToolArgumentsError", "ToolError", "ToolResult", "ToolRuntime", "tool"]
 
 
 @dataclass(slots=True)
@@ -34,6 +34,7 @@ class ToolRuntime:
     context: Any = None
     store: Any = None
     emit: Callable[[Any], None] = field(default=lambda data: None)
+    ctx: Any = None  # the whole RunContext, for framework tools that start runs of their own
 
 
 @dataclass(slots=True)
@@ -52,6 +53,10 @@ class ToolResult:
 
 class ToolArgumentsError(ValueError):
     """The model's arguments for a tool do not match its schema."""
+
+
+class ToolError(Exception):
+    """Raise from a tool to answer the model with this message as an error result, verbatim."""
 
 
 _SPHINX_PARAM = re.compile(r"^\s*:param\s+(?:[^:]*\s)?(\w+):\s*(.*)$")

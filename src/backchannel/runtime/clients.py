@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError
 from backchannel.runtime.checkpoints import ThreadState
-from backchannel.runtime.modes import STREAM_MODES, StreamMapper, StreamPart, interrupt_part
+from backchannel.runtime.modes import STREAM_MODES, StreamMapper, StreamPart, interrupt_part, wants_values
 from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, ThreadRow, now_iso
 from backchannel.serde import to_jsonable
 
@@ -247,11 +247,13 @@ class RunsClient:
                      context: Any = None, checkpoint: Mapping[str, Any] | None = None,
                      checkpoint_id: str | None = None, multitask_strategy: str | None = None,
                      if_not_exists: str | None = None, on_completion: str | None = None,
-                     after_seconds: float | None = None, timeout: float | None = None, _wake: bool = False,
-                     **_: Any) -> dict[str, Any]:
+                     after_seconds: float | None = None, timeout: float | None = None,
+                     concurrency_key: str | None = None, concurrency_limit: int | None = None,
+                     _wake: bool = False, **_: Any) -> dict[str, Any]:
         """Queue a run and return it (status ``pending``); it starts as soon as its thread is free.
 
-        Beyond the LangGraph arguments, ``timeout`` (seconds) ends the run with status ``timeout``.
+        Beyond the LangGraph arguments: ``timeout`` (seconds) ends the run with status
+        ``timeout``; runs sharing a ``concurrency_key`` run at most ``concurrency_limit`` at a time.
         """
         rt = self._rt
         await rt.open()
@@ -289,7 +291,8 @@ class RunsClient:
                         "graph_id": graph_id, "assistant_id": _assistant_id(graph_id)}
         row = RunRow(str(uuid.uuid4()), thread_id, _assistant_id(graph_id), now.isoformat(), now.isoformat(),
                      "pending", run_metadata, kwargs, strategy, rt.worker_id,
-                     (now + timedelta(seconds=after_seconds or 0)).isoformat())
+                     (now + timedelta(seconds=after_seconds or 0)).isoformat(),
+                     concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
         await rt.storage.create_run(row)
         thread_meta = {**thread.metadata, "graph_id": graph_id, "assistant_id": _assistant_id(graph_id)}
         await rt.storage.update_thread(thread_id, status="busy", metadata=thread_meta, updated_at=row.created_at)
@@ -354,6 +357,9 @@ class RunsClient:
         return result
 
     async def _result(self, row: RunRow) -> dict[str, Any]:
+        stream = self._rt.stream_of(row.run_id)
+        if stream is not None and stream.result is not None:
+            return stream.result  # a stateless run whose thread is gone
         if row.status in ("error", "timeout"):
             error = row.error or {}
             result = {"__error__": {"error": error.get("type", "Error"), "message": error.get("message", "")}}
@@ -410,10 +416,10 @@ class RunsClient:
             return
         if with_metadata:
             yield StreamPart("metadata", {"run_id": row.run_id, "attempt": 1})
-        mapper = StreamMapper(modes or row.kwargs.get("stream_mode") or ["values"],
-                              subgraphs=bool(row.kwargs.get("stream_subgraphs")),
+        modes = modes or row.kwargs.get("stream_mode") or ["values"]
+        mapper = StreamMapper(modes, subgraphs=bool(row.kwargs.get("stream_subgraphs")),
                               metadata={k: v for k, v in row.metadata.items() if k != "assistant_id"})
-        async for event in stream.follow(after):
+        async for event in stream.follow(after, values=wants_values(modes)):
             for part in mapper.parts(event):
                 yield part
         if stream.status in ("error", "timeout") and stream.error and stream.status == "error":

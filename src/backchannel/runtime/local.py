@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import logging
 import os
 import socket
 import uuid
@@ -29,6 +30,7 @@ from backchannel.messages import AnyMessage, ToolMessage, message_from_dict, mes
 from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
 from backchannel.runtime.clients import resume_map
 from backchannel.runtime.inbox import ThreadInbox
+from backchannel.runtime.modes import wants_values
 from backchannel.runtime.storage import RunRow, Storage, ThreadRow, now_iso, open_storage
 from backchannel.runtime.streams import RunStream
 from backchannel.serde import dumps, to_jsonable
@@ -43,6 +45,8 @@ _ASSISTANT_NAMESPACE = uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
 _LEASE = timedelta(seconds=30)
 _TERMINAL = frozenset({"success", "error", "timeout", "interrupted"})
 _STREAMS_KEPT = 1000
+
+logger = logging.getLogger("backchannel")
 
 
 def assistant_id_for(graph_id: str) -> str:
@@ -132,10 +136,10 @@ class LocalRuntime:
                 return
             await self.storage.open()
             await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
-            await self._recover()
+            self._opened = True
             self._background = [asyncio.create_task(self._schedule_forever()),
                                 asyncio.create_task(self._heartbeat_forever())]
-            self._opened = True
+            await self._recover()
 
     async def close(self) -> None:
         """Stop scheduling and running. Unfinished runs stay in storage and resume at the next open."""
@@ -155,8 +159,13 @@ class LocalRuntime:
         recovered = await self.storage.requeue_orphans(alive, self.worker_id)
         for row in recovered:
             await self.storage.update_thread(row.thread_id, status="busy")
-        if recovered:
-            self._wake.set()
+        # Mail stored just before a crash, with no run left to take it.
+        for thread_id in await self.storage.threads_with_mail():
+            try:
+                await self._wake_thread(thread_id)
+            except (NotFoundError, InvalidRequestError) as exc:
+                logger.warning("cannot deliver mail waiting for thread %s: %s", thread_id, exc)
+        self.kick()
 
     async def _heartbeat_forever(self) -> None:
         while True:
@@ -191,9 +200,9 @@ class LocalRuntime:
         self._tasks[row.run_id] = task
 
     def new_stream(self, row: RunRow) -> RunStream:
-        modes = row.kwargs.get("stream_mode") or ()
-        wants_values = bool({"values", "checkpoints", "debug"} & set(modes)) or bool(row.kwargs.get("stream_resumable"))
-        stream = RunStream(row.run_id, values=wants_values)
+        resumable = bool(row.kwargs.get("stream_resumable"))
+        stream = RunStream(row.run_id, resumable=resumable,
+                           values=resumable and wants_values(row.kwargs.get("stream_mode") or ()))
         self._streams[row.run_id] = stream
         if len(self._streams) > _STREAMS_KEPT:
             for run_id in [r for r, s in self._streams.items() if s.finished][: len(self._streams) - _STREAMS_KEPT]:
@@ -235,6 +244,8 @@ class LocalRuntime:
             self._tasks.pop(row.run_id, None)
             self._inboxes.pop(row.thread_id, None)
             self.kick()
+        if row.kwargs.get("temporary"):
+            await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
         if status == "success":
             await self._wake_if_mail(row)
@@ -257,12 +268,9 @@ class LocalRuntime:
             inbox=inbox, resume=resume, pending_tools=pending, runtime=self)
         if not stage:
             return RunResult("success", state.values)
-        run = agent.run(state.values, ctx, stage=stage)
-        timeout = kwargs.get("timeout")
-        if timeout:
-            async with asyncio.timeout(timeout):
-                return await run
-        return await run
+        if kwargs.get("timeout"):
+            ctx.deadline = asyncio.get_running_loop().time() + kwargs["timeout"]
+        return await agent.run(state.values, ctx, stage=stage)
 
     async def _load_state(self, row: RunRow, reducers: Mapping[str, Reducer]) -> ThreadState:
         checkpoint_id = row.kwargs.get("checkpoint_id")
@@ -329,11 +337,23 @@ class LocalRuntime:
         await self.storage.update_run(row.run_id, status="success", updated_at=now)
         return "success", to_jsonable(result.state)
 
+    async def _drop_temporary(self, row: RunRow, stream: RunStream) -> None:
+        """A stateless run's thread goes when the run ends; joiners get the result kept on its stream."""
+        final = await self.storage.get_run(row.run_id)
+        if final is not None:
+            stream.final_row = final
+            stream.result = await self.runs._result(final)  # this deletes the thread
+        else:
+            await self.storage.delete_thread(row.thread_id)
+            self.checkpoints.forget(row.thread_id)
+
     async def _fail(self, row: RunRow, status: str, error: dict[str, Any]) -> None:
         self.checkpoints.forget(row.thread_id)
         now = now_iso()
         await self.storage.update_run(row.run_id, status=status, error=error, updated_at=now)
-        await self.storage.update_thread(row.thread_id, status="error", error=error, updated_at=now)
+        # A thread's error has LangGraph's shape: {"error": <type>, "message": ...}.
+        shown = {"error": error.get("type", "Error"), "message": error.get("message", "")}
+        await self.storage.update_thread(row.thread_id, status="error", error=shown, updated_at=now)
 
     async def _cancelled(self, row: RunRow, action: str) -> str:
         self.checkpoints.forget(row.thread_id)
@@ -384,6 +404,8 @@ class LocalRuntime:
         stream = self._streams.get(run_id)
         if stream is not None:
             await stream.wait()
+            if stream.final_row is not None:  # a stateless run, its thread already deleted
+                return stream.final_row
         while True:
             row = await self.storage.get_run(run_id)
             if row is None or row.status in _TERMINAL:

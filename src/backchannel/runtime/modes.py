@@ -20,7 +20,7 @@ from backchannel.events import Event
 from backchannel.messages import AIMessage, message_to_dict
 from backchannel.serde import to_jsonable
 
-__all__ = ["STREAM_MODES", "StreamMapper", "StreamPart", "interrupt_part"]
+__all__ = ["STREAM_MODES", "StreamMapper", "StreamPart", "interrupt_part", "wants_values"]
 
 STREAM_MODES = frozenset({"values", "updates", "messages", "messages-tuple", "custom", "events", "debug",
                           "tasks", "checkpoints", "lifecycle", "tools", "async_tasks"})
@@ -32,6 +32,11 @@ class StreamPart(NamedTuple):
     event: str
     data: Any
     id: str | None = None
+
+
+def wants_values(modes: Sequence[str]) -> bool:
+    """Whether these stream modes need full-state snapshots."""
+    return bool({"values", "checkpoints", "debug"} & set(modes))
 
 
 def interrupt_part(interrupt: Any) -> dict[str, Any]:

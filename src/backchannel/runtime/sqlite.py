@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, assistant_id TEXT NOT NULL,
     created_at TEXT NOT NULL, updated_at TEXT NOT NULL, status TEXT NOT NULL, metadata TEXT NOT NULL,
     kwargs TEXT NOT NULL, multitask_strategy TEXT NOT NULL, worker_id TEXT, scheduled_at TEXT NOT NULL,
-    error TEXT);
+    error TEXT, concurrency_key TEXT, concurrency_limit INTEGER);
 CREATE INDEX IF NOT EXISTS runs_by_thread ON runs(thread_id, status);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs(status, worker_id);
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -155,10 +155,11 @@ class SQLiteStorage(Storage):
 
     async def create_run(self, row: RunRow) -> None:
         self.db.execute(
-            "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
              _dump(row.metadata), _dump(row.kwargs), row.multitask_strategy, row.worker_id,
-             row.scheduled_at, _dump(row.error) if row.error else None))
+             row.scheduled_at, _dump(row.error) if row.error else None, row.concurrency_key,
+             row.concurrency_limit))
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -192,14 +193,20 @@ class SQLiteStorage(Storage):
                 "SELECT * FROM runs r WHERE status = 'pending' AND worker_id = ? AND scheduled_at <= ? "
                 "AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id AND x.status = 'running') "
                 "ORDER BY rowid", (worker_id, now)).fetchall()
+            running = dict(db.execute("SELECT concurrency_key, count(*) FROM runs WHERE status = 'running' "
+                                      "AND concurrency_key IS NOT NULL GROUP BY concurrency_key").fetchall())
             claimed: list[RunRow] = []
             threads: set[str] = set()
             for row in map(_run, candidates):
                 if len(claimed) == limit:
                     break
-                if row.thread_id not in threads:
-                    threads.add(row.thread_id)
-                    claimed.append(row)
+                key = row.concurrency_key
+                if row.thread_id in threads or (key and running.get(key, 0) >= (row.concurrency_limit or 1)):
+                    continue
+                threads.add(row.thread_id)
+                if key:
+                    running[key] = running.get(key, 0) + 1
+                claimed.append(row)
             db.executemany("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ?",
                            [(now, r.run_id) for r in claimed])
         for row in claimed:
@@ -306,6 +313,10 @@ class SQLiteStorage(Storage):
         self.db.executemany("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key = ?",
                             [(thread_id, k) for k in keys])
 
+    async def threads_with_mail(self) -> list[str]:
+        rows = self.db.execute("SELECT DISTINCT thread_id FROM inbox WHERE delivered = 0")
+        return [r[0] for r in rows.fetchall()]
+
     # -- items
 
     async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
@@ -364,7 +375,7 @@ def _thread(row: tuple[Any, ...]) -> ThreadRow:
 
 def _run(row: tuple[Any, ...]) -> RunRow:
     return RunRow(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), json.loads(row[7]),
-                  row[8], row[9], row[10], json.loads(row[11]) if row[11] else None)
+                  row[8], row[9], row[10], json.loads(row[11]) if row[11] else None, row[12], row[13])
 
 
 def _checkpoint(row: tuple[Any, ...]) -> CheckpointRow:

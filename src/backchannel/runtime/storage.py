@@ -45,6 +45,8 @@ class RunRow:
     worker_id: str | None = None
     scheduled_at: str = ""
     error: dict[str, Any] | None = None
+    concurrency_key: str | None = None  # runs sharing a key run at most concurrency_limit at a time
+    concurrency_limit: int | None = None
 
 
 @dataclass(slots=True)
@@ -133,9 +135,9 @@ class Storage(abc.ABC):
     async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
         """Mark up to ``limit`` runs of this worker ``running`` and return them.
 
-        A run is claimable when it is pending, its ``scheduled_at`` has passed
-        and no other run of its thread is running; the oldest go first, one
-        per thread.
+        A run is claimable when it is pending, its ``scheduled_at`` has passed,
+        no other run of its thread is running and its concurrency key (if any)
+        has fewer than its limit running; the oldest go first, one per thread.
         """
 
     @abc.abstractmethod
@@ -201,6 +203,10 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None: ...
+
+    @abc.abstractmethod
+    async def threads_with_mail(self) -> list[str]:
+        """Threads that have undelivered inbox messages."""
 
     # -- the key-value store
     @abc.abstractmethod

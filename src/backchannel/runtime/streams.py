@@ -12,22 +12,35 @@ __all__ = ["RunStream"]
 
 
 class RunStream:
-    """Collects a run's events as they are published and lets any number of readers follow them.
+    """Collects a run's events and lets any number of readers follow them.
 
-    Readers start from the beginning or after a given ``seq`` (what SSE
-    clients send as ``Last-Event-ID``) and end when the run ends.
+    A resumable run records every event, so readers can start from the
+    beginning or after a given ``seq`` (what SSE clients send as
+    ``Last-Event-ID``). Otherwise events are recorded only from the moment
+    somebody follows, so a run nobody watches publishes nothing at all.
     """
 
-    def __init__(self, run_id: str, *, values: bool = False) -> None:
+    def __init__(self, run_id: str, *, resumable: bool = False, values: bool = False) -> None:
         self.run_id = run_id
+        self.resumable = resumable
         self.bus = EventBus(wants_values=values)
         self.events: list[Event] = []
         self.status: str | None = None
         self.error: dict[str, Any] | None = None
         self.final_values: dict[str, Any] | None = None
         self.exception: BaseException | None = None  # the agent's own error, for in-process callers
+        # A stateless run's final row and result, kept here once its temporary thread is deleted.
+        self.final_row: Any = None
+        self.result: dict[str, Any] | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self.bus.subscribe(self._on_event)
+        self._recording = False
+        if resumable:
+            self._record()
+
+    def _record(self) -> None:
+        if not self._recording:
+            self._recording = True
+            self.bus.subscribe(self._on_event)
 
     @property
     def finished(self) -> bool:
@@ -53,6 +66,8 @@ class RunStream:
         self.error = error
         self.final_values = values
         self._wake()
+        if not self.resumable:
+            self.events = []  # only live readers could see them, and they have
 
     async def wait(self) -> str:
         """Wait for the run to end; returns its status."""
@@ -65,8 +80,13 @@ class RunStream:
             self._waiter = asyncio.get_running_loop().create_future()
         await asyncio.shield(self._waiter)
 
-    async def follow(self, after_seq: int = 0) -> AsyncIterator[Event]:
-        """Every event with ``seq > after_seq``, then the ones still to come, until the run ends."""
+    async def follow(self, after_seq: int = 0, *, values: bool = False) -> AsyncIterator[Event]:
+        """Every kept event with ``seq > after_seq``, then the ones still to come, until the run ends.
+
+        ``values=True`` asks the run for full-state snapshots from now on.
+        """
+        self.bus.wants_values = self.bus.wants_values or values
+        self._record()
         index = _first_after(self.events, after_seq)
         while True:
             while index < len(self.events):

@@ -1,0 +1,298 @@
+"""Background subagents: tasks that run while the supervisor keeps working.
+
+A task is a run on a child thread of the supervisor's runtime (thread
+metadata: ``parent_thread_id``, ``subagent``); its ``task_id`` is that
+thread's id. The supervisor's model manages tasks with five tools, named and
+shaped as deepagents names them so prompts carry over::
+
+    start_async_task(description, subagent_type)   check_async_task(task_id)
+    update_async_task(task_id, message)            cancel_async_task(task_id)
+    list_async_tasks(status_filter)
+
+Statuses: pending, running, success, error, cancelled, timeout, waiting
+(paused for human input). Tracked tasks live in the supervisor's state under
+``async_tasks``, so they survive restarts. A finished task notifies the
+supervisor (:mod:`backchannel.notifier`): into its next model call while it
+runs, or by waking it with a new run. With ``completion="wait"`` the
+supervisor's run does not end while tasks are pending: it waits for the next
+notification and goes back to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, TypedDict
+
+from backchannel.context import RunContext
+from backchannel.events import Event
+from backchannel.messages import AIMessage, HumanMessage, text_of
+from backchannel.middleware import Middleware
+from backchannel.notifier import CompletionNotifier, describe_question
+from backchannel.runtime.storage import now_iso
+from backchannel.subagents import SubAgent, build_subagent, subagent_list
+from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime
+
+__all__ = ["AsyncSubAgentMiddleware", "AsyncTaskState", "TASK_STATUSES", "task_status"]
+
+TASK_STATUSES = ("pending", "running", "success", "error", "cancelled", "timeout", "waiting")
+_ACTIVE = frozenset({"pending", "running"})
+_RECHECK_SECONDS = 1.0
+
+
+def merge_tasks(current: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """The ``async_tasks`` reducer: update the given tasks' fields, keep the others."""
+    merged = dict(current or {})
+    for task_id, fields in new.items():
+        merged[task_id] = {**merged.get(task_id, {}), **fields}
+    return merged
+
+
+class AsyncTaskState(TypedDict, total=False):
+    async_tasks: Annotated[dict[str, dict[str, Any]], merge_tasks]
+
+
+async def task_status(runtime: Any, task: Mapping[str, Any]) -> str:
+    """A task's live status, from its latest run and its thread."""
+    run = await runtime.runs.get(task["task_id"], task["run_id"])
+    status = run["status"]
+    if status != "interrupted":
+        return status
+    thread = await runtime.threads.get(task["task_id"])
+    return "waiting" if thread["status"] == "interrupted" and thread["interrupts"] else "cancelled"
+
+
+class AsyncSubAgentMiddleware(Middleware):
+    """Adds the background-task tools for ``subagents`` and keeps their status in the state."""
+
+    state_schema = AsyncTaskState
+
+    def __init__(self, subagents: Sequence[SubAgent], *, model: Any, tools: Sequence[Any],
+                 completion: Literal["notify", "wait"] = "notify", max_concurrent: int = 16) -> None:
+        if completion not in ("notify", "wait"):
+            raise ValueError(f"completion must be 'notify' or 'wait', not {completion!r}")
+        self.specs = {s.name: s for s in subagents}
+        self.completion = completion
+        self.max_concurrent = max_concurrent
+        self._model = model
+        self._parent_tools = tools
+        self._agents: dict[str, Any] = {}
+        self.tools = [
+            Tool(self.start_async_task, name="start_async_task", description=(
+                "Start a subagent on a task in the background and return its task_id at once. Keep working or "
+                "answer the user meanwhile: you will be notified when it finishes.\n\nAvailable subagent "
+                "types:\n" + subagent_list(subagents))),
+            Tool(self.check_async_task, name="check_async_task"),
+            Tool(self.update_async_task, name="update_async_task"),
+            Tool(self.cancel_async_task, name="cancel_async_task"),
+            Tool(self.list_async_tasks, name="list_async_tasks"),
+        ]
+        self.system_prompt = (
+            "You can run subagents in the background with `start_async_task`. It returns at once with a "
+            "task_id; the task's result arrives later as a message starting with [task_id=...]. Meanwhile keep "
+            "working or answer the user. Use check_async_task, update_async_task, cancel_async_task and "
+            "list_async_tasks to manage tasks. Don't poll: wait for the notification.")
+
+    # -- tools ---------------------------------------------------------------
+
+    async def start_async_task(self, description: str, subagent_type: str, runtime: ToolRuntime) -> ToolResult:
+        """Start a subagent on a task in the background; returns its task_id at once.
+
+        Args:
+            description: The whole task, with every detail the subagent needs; it sees nothing else.
+            subagent_type: Which subagent to use (one of the available types).
+        """
+        ctx, rt = _runtime_of(runtime)
+        spec = self.specs.get(subagent_type)
+        if spec is None:
+            raise ToolError(f"unknown subagent_type {subagent_type!r}; valid types: {', '.join(self.specs)}")
+        if spec.url is not None:
+            raise ToolError(f"subagent {spec.name!r} is served at {spec.url}; remote subagents are not "
+                            "available in this version")
+        parent = await rt.threads.get(ctx.thread_id)
+        thread = await rt.threads.create(metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
+                                                   "tool_call_id": runtime.tool_call_id})
+        task_id = thread["thread_id"]
+        run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id, input={
+            "messages": [HumanMessage(description)], "task_id": task_id, "parent_thread_id": ctx.thread_id,
+            "parent_assistant_id": parent["metadata"].get("graph_id")})
+        now = now_iso()
+        task = {"task_id": task_id, "subagent": spec.name, "description": description, "status": "pending",
+                "run_id": run["run_id"], "tool_call_id": runtime.tool_call_id, "created_at": now, "updated_at": now}
+        ctx.emit("task", {**task})
+        return ToolResult(f"Started task {task_id} ({spec.name}) in the background. Its result will arrive as a "
+                          "message; keep working or answer the user meanwhile.", update={"async_tasks": {task_id: task}})
+
+    async def check_async_task(self, task_id: str, runtime: ToolRuntime) -> ToolResult:
+        """A background task's status and, once it has finished, its full result.
+
+        Args:
+            task_id: The id start_async_task returned.
+        """
+        ctx, rt = _runtime_of(runtime)
+        task = _tracked(runtime, task_id)
+        status = await task_status(rt, task)
+        report: dict[str, Any] = {"task_id": task_id, "subagent": task["subagent"], "status": status}
+        if status == "success":
+            state = await rt.threads.get_state(task_id)
+            answers = [m for m in state["values"].get("messages", []) if m["type"] == "ai"]
+            report["result"] = text_of(answers[-1]["content"]) if answers else ""
+        elif status == "waiting":
+            thread = await rt.threads.get(task_id)
+            report["question"] = describe_question([i["value"] for v in thread["interrupts"].values() for i in v])
+        elif status in ("error", "timeout"):
+            report["error"] = "the task timed out" if status == "timeout" else "the task failed before it finished"
+        return self._report(ctx, task, status, json.dumps(report, ensure_ascii=False))
+
+    async def update_async_task(self, task_id: str, message: str, runtime: ToolRuntime) -> ToolResult:
+        """Send a follow-up to a background task: new instructions, or the answer it is waiting for.
+
+        Args:
+            task_id: The id start_async_task returned.
+            message: What to tell the task.
+        """
+        ctx, rt = _runtime_of(runtime)
+        task = _tracked(runtime, task_id)
+        spec = self.specs[task["subagent"]]
+        status = await task_status(rt, task)
+        if status == "waiting":
+            run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id, command={"resume": message})
+        else:
+            strategy = "interrupt" if status in _ACTIVE else "enqueue"
+            run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id,
+                                        input={"messages": [HumanMessage(message)]}, multitask_strategy=strategy)
+        task = {**task, "run_id": run["run_id"]}
+        return self._report(ctx, task, "pending", f"Sent to task {task_id}; it is working on it again.")
+
+    async def cancel_async_task(self, task_id: str, runtime: ToolRuntime) -> ToolResult:
+        """Stop a background task.
+
+        Args:
+            task_id: The id start_async_task returned.
+        """
+        ctx, rt = _runtime_of(runtime)
+        task = _tracked(runtime, task_id)
+        status = await task_status(rt, task)
+        if status in _ACTIVE:
+            await rt.runs.cancel(task_id, task["run_id"], wait=True)
+            status = "cancelled"
+        return self._report(ctx, task, status, f"Task {task_id} is {status}.")
+
+    async def list_async_tasks(self, runtime: ToolRuntime, status_filter: str = "all") -> ToolResult:
+        """Every background task of this conversation, with its live status.
+
+        Args:
+            status_filter: "all", or one status: pending, running, success, error, cancelled, timeout, waiting.
+        """
+        ctx, rt = _runtime_of(runtime)
+        if status_filter != "all" and status_filter not in TASK_STATUSES:
+            raise ToolError(f"unknown status_filter {status_filter!r}; use 'all' or one of {', '.join(TASK_STATUSES)}")
+        tasks = runtime.state.get("async_tasks") or {}
+        updates, lines = {}, []
+        for task in tasks.values():
+            status = await task_status(rt, task)
+            updates[task["task_id"]] = {"status": status, "updated_at": now_iso()}
+            if status_filter in ("all", status):
+                lines.append(f"- {task['task_id']} [{task['subagent']}] {status}: {task['description'][:80]}")
+        return ToolResult("\n".join(lines) or "No tasks.", update={"async_tasks": updates})
+
+    # -- hooks ---------------------------------------------------------------
+
+    async def before_model(self, state: Mapping[str, Any], ctx: RunContext) -> dict[str, Any] | None:
+        """Record the status carried by notifications that just arrived."""
+        tasks = state.get("async_tasks") or {}
+        updates: dict[str, Any] = {}
+        for message in _new_notifications(state["messages"]):
+            note = message.additional_kwargs["task_notification"]
+            task = tasks.get(note["task_id"])
+            if task is None or task.get("status") == note["status"] and task.get("run_id") == note["run_id"]:
+                continue
+            updates[note["task_id"]] = {"status": note["status"], "updated_at": now_iso()}
+            ctx.emit("task", {**task, **updates[note["task_id"]]})
+        return {"async_tasks": updates} if updates else None
+
+    async def after_agent(self, state: Mapping[str, Any], ctx: RunContext) -> dict[str, Any] | None:
+        """In ``wait`` mode, don't end while tasks are pending: wait for the next result, then go on."""
+        if self.completion != "wait" or ctx.inbox is None or ctx.runtime is None:
+            return None
+        pending = [t for t in (state.get("async_tasks") or {}).values() if t.get("status") in _ACTIVE]
+        while pending:
+            try:
+                await asyncio.wait_for(ctx.inbox.wait(), _RECHECK_SECONDS)
+                return {"jump_to": "model"}
+            except TimeoutError:
+                # A task may have ended without a notification (cancelled from elsewhere).
+                pending = [t for t in pending if await task_status(ctx.runtime, t) in _ACTIVE]
+        return None
+
+    # -- helpers ---------------------------------------------------------------
+
+    async def _start_run(self, rt: Any, ctx: RunContext, spec: SubAgent, task_id: str, tool_call_id: str,
+                         **kwargs: Any) -> dict[str, Any]:
+        """A run of the subagent on its task thread, its events shown in the supervisor's stream."""
+        graph_id = rt.graph_id_for_agent(self._agent(spec))
+        run = await rt.runs.create(task_id, graph_id, timeout=spec.timeout, concurrency_key=f"tasks:{ctx.thread_id}",
+                                   concurrency_limit=self.max_concurrent, **kwargs)
+        stream = rt.stream_of(run["run_id"])
+        if stream is not None and ctx.bus is not None and ctx.bus.listeners:
+            forward_events(stream.bus, ctx, f"{spec.name}:{tool_call_id}", tool_call_id)
+        return run
+
+    def _agent(self, spec: SubAgent) -> Any:
+        if spec.name not in self._agents:
+            self._agents[spec.name] = build_subagent(spec, self._model, self._parent_tools,
+                                                     extra_middleware=[CompletionNotifier()])
+        return self._agents[spec.name]
+
+    def _report(self, ctx: RunContext, task: Mapping[str, Any], status: str, content: str) -> ToolResult:
+        fields = {"status": status, "run_id": task["run_id"], "updated_at": now_iso()}
+        ctx.emit("task", {**task, **fields})
+        return ToolResult(content, update={"async_tasks": {task["task_id"]: fields}})
+
+
+def _runtime_of(runtime: ToolRuntime) -> tuple[RunContext, Any]:
+    ctx = runtime.ctx
+    if ctx is None or ctx.runtime is None or ctx.thread_id is None:
+        raise ToolError("background tasks need a runtime: run the supervisor on a thread of a LocalRuntime "
+                        "(agent.ainvoke(..., thread_id=...) or runtime.runs.create(...))")
+    return ctx, ctx.runtime
+
+
+def _tracked(runtime: ToolRuntime, task_id: str) -> dict[str, Any]:
+    tasks = runtime.state.get("async_tasks") or {}
+    if task_id not in tasks:
+        known = ", ".join(tasks) or "none"
+        raise ToolError(f"no task {task_id!r} in this conversation; known task ids: {known}")
+    return tasks[task_id]
+
+
+def _new_notifications(messages: Sequence[Any]) -> list[HumanMessage]:
+    """The task notifications at the end of the conversation (those since the last AI message)."""
+    found = []
+    for message in reversed(messages):
+        if isinstance(message, AIMessage):
+            break
+        if isinstance(message, HumanMessage) and "task_notification" in message.additional_kwargs:
+            found.append(message)
+    found.reverse()
+    return found
+
+
+def forward_events(child_bus: Any, parent: RunContext, segment: str, tool_call_id: str) -> Callable[[], None]:
+    """Republish a task run's events in the supervisor's stream, under ``segment``, caused by the tool call."""
+    prefix = (*parent.namespace, segment)
+
+    def forward(event: Event) -> None:
+        data = event.data
+        if event.type == "lifecycle" and not event.namespace:
+            data = {**data, "cause": {"type": "toolCall", "tool_call_id": tool_call_id}}
+            if data["event"] in ("completed", "failed", "interrupted", "cancelled"):
+                unsubscribe()
+        bus = parent.bus
+        if bus is not None and bus.listeners:
+            bus.publish(Event(event.type, data, prefix + event.namespace, event.agent, event.thread_id,
+                              event.run_id))
+
+    unsubscribe = child_bus.subscribe(forward)
+    return unsubscribe

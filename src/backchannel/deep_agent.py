@@ -1,0 +1,54 @@
+"""``create_deep_agent``: a supervisor that delegates to subagents, in the foreground or the background."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from backchannel.agent import DEFAULT_MAX_ITERATIONS, Agent, create_agent
+from backchannel.async_tasks import AsyncSubAgentMiddleware
+from backchannel.middleware import Middleware
+from backchannel.subagents import GENERAL_PURPOSE, SubAgent, SubAgentMiddleware, as_subagent
+
+__all__ = ["create_deep_agent"]
+
+SUPERVISOR_PROMPT = ("You are a supervisor that gets work done by delegating to subagents and combining "
+                     "their results. Plan briefly, delegate independent pieces, and answer the user clearly.")
+
+
+def create_deep_agent(model: Any, tools: Sequence[Any] = (), *,
+                      subagents: Sequence[SubAgent | Mapping[str, Any]] = (),
+                      middleware: Sequence[Middleware] = (), system_prompt: str | None = None,
+                      name: str | None = None, completion: Literal["notify", "wait"] = "notify",
+                      general_purpose: bool = True, max_concurrent_tasks: int = 16,
+                      max_iterations: int = DEFAULT_MAX_ITERATIONS,
+                      model_settings: Mapping[str, Any] | None = None) -> Agent:
+    """A supervisor agent with ``task`` for its subagents and, for background ones, the async task tools.
+
+    ``subagents`` are :class:`~backchannel.subagents.SubAgent` specs (or
+    deepagents-style dicts). A ``general-purpose`` subagent with the
+    supervisor's tools is added unless one is given or ``general_purpose=False``.
+    ``completion="notify"`` (default) lets the supervisor's run end while
+    background tasks run, and wakes it when each finishes; ``"wait"`` keeps
+    its run going until every task has reported back.
+    ``max_concurrent_tasks`` bounds this supervisor's running background
+    tasks; the rest wait as ``pending``.
+    """
+    specs = [as_subagent(s) for s in subagents]
+    names = [s.name for s in specs]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise ValueError(f"two subagents are named {sorted(duplicates)[0]!r}")
+    if general_purpose and GENERAL_PURPOSE.name not in names:
+        specs.insert(0, GENERAL_PURPOSE)
+    foreground = [s for s in specs if not s.background]
+    background = [s for s in specs if s.background]
+    delegation: list[Middleware] = []
+    if foreground:
+        delegation.append(SubAgentMiddleware(foreground, model=model, tools=tools))
+    if background:
+        delegation.append(AsyncSubAgentMiddleware(background, model=model, tools=tools, completion=completion,
+                                                  max_concurrent=max_concurrent_tasks))
+    return create_agent(model, tools, system_prompt=system_prompt or SUPERVISOR_PROMPT,
+                        middleware=[*delegation, *middleware], name=name, max_iterations=max_iterations,
+                        model_settings=model_settings)

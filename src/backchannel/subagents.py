@@ -1,0 +1,138 @@
+"""Subagents: named agents a supervisor delegates to, and the synchronous ``task`` tool.
+
+A :class:`SubAgent` describes one: its name and description (what the
+supervisor's model reads to choose), and its prompt, tools, model and
+middleware (inherited from the supervisor when left out). ``background=True``
+makes it a background subagent, started with ``start_async_task``
+(:mod:`backchannel.async_tasks`); otherwise ``task`` runs it to completion
+and returns its final answer.
+
+A subagent run from a tool reports in the supervisor's event stream under its
+own name, with the tool call as its cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from backchannel.agent import Agent, create_agent
+from backchannel.messages import AnyMessage, HumanMessage, pending_tool_calls
+from backchannel.middleware import Middleware
+from backchannel.notifier import final_answer
+from backchannel.tools import Tool, ToolError, ToolRuntime
+
+__all__ = ["GENERAL_PURPOSE", "SubAgent", "SubAgentMiddleware", "as_subagent", "build_subagent"]
+
+
+@dataclass(slots=True)
+class SubAgent:
+    """How to build (or which prebuilt ``agent`` is) one subagent.
+
+    ``tools``/``model`` ``None`` means the supervisor's. ``fork=True`` starts
+    a synchronous subagent on a copy of the supervisor's conversation rather
+    than a fresh one. ``timeout`` (seconds) bounds a background task.
+    ``url`` and ``graph_id`` declare a subagent served by another runtime.
+    """
+
+    name: str
+    description: str
+    system_prompt: str | None = None
+    tools: Sequence[Any] | None = None
+    model: Any = None
+    middleware: Sequence[Middleware] = ()
+    background: bool = False
+    fork: bool = False
+    timeout: float | None = None
+    agent: Agent | None = None
+    url: str | None = None
+    graph_id: str | None = None
+    max_iterations: int = 50
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+GENERAL_PURPOSE = SubAgent(
+    name="general-purpose",
+    description=("General-purpose agent for researching complex questions, searching for information and "
+                 "carrying out multi-step tasks. It has the same tools as you. Use it to keep your own "
+                 "context small: give it the whole task, and get back only its answer."),
+    system_prompt=("You are a capable assistant completing one task for a supervisor. Do the task fully, "
+                   "then answer with the result alone: concise, complete, and without asking questions."),
+)
+
+
+def as_subagent(spec: SubAgent | Mapping[str, Any]) -> SubAgent:
+    """A :class:`SubAgent` from itself or from a dict in deepagents' form (``runnable`` = a prebuilt agent)."""
+    if isinstance(spec, SubAgent):
+        return spec
+    data = dict(spec)
+    if "runnable" in data:
+        data["agent"] = data.pop("runnable")
+    try:
+        return SubAgent(**data)
+    except TypeError as exc:
+        raise ValueError(f"not a subagent spec: {spec!r} ({exc})") from None
+
+
+def build_subagent(spec: SubAgent, model: Any, tools: Sequence[Any],
+                   extra_middleware: Sequence[Middleware] = ()) -> Agent:
+    """The agent a spec describes, inheriting the supervisor's model and tools where it gives none."""
+    if spec.agent is not None:
+        return spec.agent
+    return create_agent(spec.model or model, tools if spec.tools is None else spec.tools,
+                        system_prompt=spec.system_prompt, middleware=[*spec.middleware, *extra_middleware],
+                        name=spec.name, max_iterations=spec.max_iterations)
+
+
+def subagent_list(specs: Sequence[SubAgent]) -> str:
+    return "\n".join(f"- {s.name}: {s.description}" for s in specs)
+
+
+class SubAgentMiddleware(Middleware):
+    """Adds the ``task`` tool: run a subagent to completion and return its final answer."""
+
+    def __init__(self, subagents: Sequence[SubAgent], *, model: Any, tools: Sequence[Any]) -> None:
+        self.specs = {s.name: s for s in subagents}
+        self._model = model
+        self._parent_tools = tools
+        self._agents: dict[str, Agent] = {}
+        self.tools = [Tool(self.task, name="task", description=(
+            "Launch a subagent to handle a task on its own and return its final answer. Run several at once "
+            "by calling this tool more than once in one reply. Each subagent starts fresh: put everything it "
+            "needs in the description.\n\nAvailable subagent types:\n" + subagent_list(subagents)))]
+        self.system_prompt = (
+            "You can delegate self-contained tasks with the `task` tool; independent tasks can run in "
+            "parallel. The subagent only sees your description, and only its final answer comes back.")
+
+    async def task(self, description: str, subagent_type: str, runtime: ToolRuntime) -> str:
+        """Run a subagent on a task and return its answer.
+
+        Args:
+            description: The whole task, with every detail the subagent needs; it sees nothing else.
+            subagent_type: Which subagent to use (one of the available types).
+        """
+        spec = self.specs.get(subagent_type)
+        if spec is None:
+            raise ToolError(f"unknown subagent_type {subagent_type!r}; valid types: {', '.join(self.specs)}")
+        if spec.name not in self._agents:
+            self._agents[spec.name] = build_subagent(spec, self._model, self._parent_tools)
+        agent = self._agents[spec.name]
+        history = forked_history(runtime.state.get("messages") or []) if spec.fork else []
+        try:
+            result = await agent.ainvoke({"messages": [*history, HumanMessage(description)]})
+        except Exception as exc:
+            raise ToolError(f"subagent {spec.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        if result.get("__interrupt__"):
+            raise ToolError(f"subagent {spec.name!r} stopped to ask for human input, which a task run with "
+                            "`task` cannot get; declare it as a background subagent instead.")
+        return final_answer(result) or "(the subagent finished without an answer)"
+
+
+def forked_history(messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+    """The supervisor's conversation for a forked subagent, without the reply that is calling tools now."""
+    ai, pending = pending_tool_calls(list(messages))
+    if ai is None or not pending:
+        return list(messages)
+    cut = next(i for i in range(len(messages) - 1, -1, -1) if messages[i] is ai)
+    return list(messages[:cut])
