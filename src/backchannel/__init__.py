@@ -3,7 +3,7 @@
 The public API, re-exported from the modules that own it.
 """
 
-from backchannel.agent import Agent, AgentStream, RunResult, create_agent
+from backchannel.agent import Agent, RunResult, create_agent
 from backchannel.context import RunContext
 from backchannel.errors import (
     BackchannelError,
@@ -39,12 +39,35 @@ from backchannel.middleware import (
     wrap_tool_call,
 )
 from backchannel.models import ChatModel, ModelRequest, ScriptedModel, init_model
-from backchannel.tools import Tool, ToolResult, ToolRuntime, tool
+from backchannel.streaming import AgentStream, SubagentHandle
+from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime, tool
 
 __version__ = "0.1.0"
 
+# The higher layers load on first use, so ``import backchannel`` stays light.
+_LAZY = {
+    "LocalRuntime": "backchannel.runtime",
+    "create_deep_agent": "backchannel.deep_agent",
+    "SubAgent": "backchannel.subagents",
+    "HumanInTheLoop": "backchannel.hitl",
+    "CompletionNotifier": "backchannel.notifier",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'backchannel' has no attribute {name!r}")
+
 __all__ = [
     "AIMessage",
+    "CompletionNotifier",
+    "HumanInTheLoop",
+    "LocalRuntime",
+    "SubAgent",
+    "create_deep_agent",
     "Agent",
     "AgentStream",
     "AnyMessage",
@@ -66,10 +89,12 @@ __all__ = [
     "RunContext",
     "RunResult",
     "ScriptedModel",
+    "SubagentHandle",
     "SystemMessage",
     "Tool",
     "ToolCall",
     "ToolCallRequest",
+    "ToolError",
     "ToolMessage",
     "ToolResult",
     "ToolRuntime",

@@ -27,10 +27,11 @@ from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_fr
 from backchannel.middleware import HOOKS, JUMPS, Middleware, ModelHandler, ToolCallRequest, ToolHandler, overrides
 from backchannel.models import init_model
 from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, TextDelta, ToolCallDelta
+from backchannel.streaming import AgentStream
 from backchannel.state import MessageList, Reducer, apply_update, reducers_of
 from backchannel.tools import Tool, ToolArgumentsError, ToolError, ToolResult, ToolRuntime, as_tool
 
-__all__ = ["Agent", "AgentStream", "RunResult", "create_agent"]
+__all__ = ["Agent", "RunResult", "create_agent"]
 
 DEFAULT_MAX_ITERATIONS = 50
 
@@ -443,8 +444,17 @@ class Agent:
 
         ``values=True`` adds a full-state ``values`` event after each step.
         """
-        return AgentStream(self, input, thread_id=thread_id, context=context, metadata=metadata,
-                           values=values)
+        async def start(bus: EventBus) -> dict[str, Any]:
+            if thread_id is not None:
+                return await self._runtime_for_threads().invoke(self, thread_id, input, context=context,
+                                                                 metadata=metadata, bus=bus)
+            state = initial_state(input)
+            result = await self.run(state, self._context(bus=bus, context=context, metadata=metadata))
+            if result.interrupts:
+                state["__interrupt__"] = result.interrupts
+            return state
+
+        return AgentStream(start, values=values)
 
     def stream(self, input: Any, **kwargs: Any) -> Iterator[Event]:
         """:meth:`astream`, for code without an event loop."""
@@ -467,53 +477,6 @@ class Agent:
                 f"agent {self.graph_name!r} has no runtime to keep threads in; register it first, e.g. "
                 f"LocalRuntime(agents={{{self.graph_name!r}: agent}}) (SQLite by default, or store='memory')")
         return self.runtime
-
-
-class AgentStream:
-    """A run in progress: ``async for event in stream`` yields its events; ``result`` is the final state."""
-
-    def __init__(self, agent: Agent, input: Any, *, thread_id: str | None, context: Any,
-                 metadata: Mapping[str, Any] | None, values: bool) -> None:
-        self.agent = agent
-        self.bus = EventBus(wants_values=values)
-        self._input = input
-        self._thread_id = thread_id
-        self._context = context
-        self._metadata = metadata
-        self._result: dict[str, Any] | None = None
-
-    @property
-    def result(self) -> dict[str, Any]:
-        """The final state, once the stream has been consumed."""
-        if self._result is None:
-            raise RuntimeError("the run has not finished; iterate the stream to the end first")
-        return self._result
-
-    async def _run(self) -> dict[str, Any]:
-        agent = self.agent
-        if self._thread_id is not None:
-            return await agent._runtime_for_threads().invoke(
-                agent, self._thread_id, self._input, context=self._context, metadata=self._metadata, bus=self.bus)
-        state = initial_state(self._input)
-        result = await agent.run(state, agent._context(bus=self.bus, context=self._context, metadata=self._metadata))
-        if result.interrupts:
-            state["__interrupt__"] = result.interrupts
-        return state
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        queue, unsubscribe = self.bus.queue()
-        done = object()
-        task = asyncio.create_task(self._run())
-        task.add_done_callback(lambda _: queue.put_nowait(done))  # type: ignore[arg-type]
-        try:
-            while (event := await queue.get()) is not done:
-                yield event  # type: ignore[misc]
-            self._result = await task
-        finally:
-            unsubscribe()
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
 
 
 def create_agent(model: SupportsChat | str | Any, tools: Sequence[Any] = (), *,

@@ -1,0 +1,253 @@
+"""The ``backchannel`` command: the demo, one-shot runs, and threads.
+
+    backchannel demo [--prompt TEXT] [--model provider:name] [--store URL]
+    backchannel run "question" [--model provider:name] [--thread ID] [--store URL]
+    backchannel threads [list | show ID | tree ID | delete ID] [--store URL]
+
+State lives in ``~/.backchannel/state.db`` (SQLite) unless ``--store`` says
+otherwise. The model comes from ``--model``, else ``BACKCHANNEL_MODEL``, else
+``OPENAI_API_KEY`` or ``ANTHROPIC_API_KEY`` being set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.panel import Panel
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
+from backchannel.events import Event
+from backchannel.messages import text_of
+
+__all__ = ["main", "resolve_model"]
+
+_STATUS_STYLE = {"pending": "yellow", "running": "cyan", "success": "green", "error": "red",
+                 "timeout": "red", "cancelled": "dim", "waiting": "magenta", "interrupted": "magenta"}
+
+
+def resolve_model(flag: str | None) -> str | None:
+    """The model to use: the flag, ``BACKCHANNEL_MODEL``, or a provider whose API key is set."""
+    if flag:
+        return flag
+    if os.environ.get("BACKCHANNEL_MODEL"):
+        return os.environ["BACKCHANNEL_MODEL"]
+    if os.environ.get("OPENAI_API_KEY"):
+        return "openai:gpt-4o-mini"
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        return "anthropic:claude-3-5-haiku-latest"
+    return None
+
+
+class Renderer:
+    """Shows a run as it happens: replies, tool calls, results arriving, and a live panel of tasks."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.tasks: dict[str, dict[str, Any]] = {}  # by the tool call that started them
+        self.typing = ""
+        self.live: Live | None = None
+
+    def panel(self) -> Any:
+        table = Table(box=None, show_header=False, padding=(0, 1))
+        for task in self.tasks.values():
+            status = task["status"]
+            icon: Any = Spinner("dots", style="cyan") if status == "running" else Text("•", style=_STATUS_STYLE.get(status, ""))
+            table.add_row(icon, Text(task["subagent"], style="bold"), Text(status, style=_STATUS_STYLE.get(status, "")),
+                          Text(task["description"][:60], style="dim"))
+        parts: list[Any] = []
+        if self.tasks:
+            parts.append(Panel(table, title="background tasks", title_align="left", border_style="blue"))
+        if self.typing:
+            parts.append(Text(f"supervisor › {self.typing[-200:]}", style="dim italic"))
+        return Group(*parts)
+
+    def print(self, renderable: Any) -> None:
+        (self.live.console if self.live else self.console).print(renderable)
+
+    def refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self.panel())
+
+    def on_event(self, event: Event) -> None:
+        handler = getattr(self, f"_on_{event.type}", None)
+        if handler is not None:
+            handler(event)
+            self.refresh()
+
+    def _on_message(self, event: Event) -> None:
+        if event.namespace:
+            return
+        data = event.data
+        if data["event"] == "delta" and "text" in data:
+            self.typing += data["text"]
+        elif data["event"] == "finish":
+            self.typing = ""
+            text = data["message"].text
+            if text:
+                self.print(Text.assemble(("supervisor › ", "bold blue"), text))
+
+    def _on_tool(self, event: Event) -> None:
+        data = event.data
+        if event.namespace or data["event"] != "started":
+            return
+        args = data["args"]
+        shown = args.get("description") or args.get("task_id") or ", ".join(f"{k}={v!r}" for k, v in args.items())
+        self.print(Text(f"  → {data['tool_name']}({str(shown)[:70]})", style="dim"))
+
+    def _on_task(self, event: Event) -> None:
+        data = event.data
+        key = data.get("tool_call_id") or data["task_id"]
+        task = self.tasks.setdefault(key, {"subagent": data["subagent"], "description": data["description"]})
+        task["status"] = data["status"]
+
+    def _on_lifecycle(self, event: Event) -> None:
+        if len(event.namespace) != 1 or "cause" not in event.data:
+            return
+        call_id = event.data["cause"]["tool_call_id"]
+        task = self.tasks.setdefault(call_id, {"subagent": event.data["graph_name"], "description": ""})
+        task["status"] = {"started": "running", "completed": "success", "failed": "error",
+                          "interrupted": "waiting", "cancelled": "cancelled"}[event.data["event"]]
+
+    def _on_updates(self, event: Event) -> None:
+        if event.namespace:
+            return
+        for node, update in event.data.items():
+            if node != "inbox":
+                continue
+            for message in update.get("messages", ()):
+                note = message.additional_kwargs.get("task_notification", {})
+                body = text_of(message.content).split("] ", 2)[-1]
+                self.print(Text.assemble(("  📬 ", ""), (f"[{note.get('subagent', 'task')}] ", "bold green"),
+                                         body[:300]))
+
+
+async def _stream(agent: Any, prompt: str, thread_id: str, console: Console) -> None:
+    renderer = Renderer(console)
+    console.print(Text.assemble(("you › ", "bold"), prompt))
+    with Live(renderer.panel(), console=console, refresh_per_second=10, transient=True) as live:
+        renderer.live = live
+        async for event in agent.astream(prompt, thread_id=thread_id):
+            renderer.on_event(event)
+    renderer.live = None
+    if renderer.tasks:
+        console.print(renderer.panel())
+
+
+async def run_demo(prompt: str, model: str | None, store: str, console: Console) -> None:
+    from backchannel.demo import build_demo
+    from backchannel.runtime import LocalRuntime
+
+    agent = build_demo(model)
+    label = f"model: {model}" if model else "offline scripted model (no model configured; pass --model to use a real one)"
+    console.print(Panel(f"[bold]backchannel demo[/] — a supervisor with researcher and analyst subagents in the "
+                        f"background\n[dim]{escape(label)} · state: {escape(store)}[/]", border_style="blue"))
+    async with LocalRuntime(store, agents={"supervisor": agent}) as rt:
+        thread = await rt.threads.create(metadata={"title": "demo"})
+        await _stream(agent, prompt, thread["thread_id"], console)
+        console.print(f"[dim]thread {thread['thread_id']}[/]")
+
+
+async def run_once(prompt: str, model: str, thread_id: str | None, store: str, console: Console) -> None:
+    from backchannel.deep_agent import create_deep_agent
+    from backchannel.runtime import LocalRuntime
+
+    agent = create_deep_agent(model, name="assistant")
+    async with LocalRuntime(store, agents={"assistant": agent}) as rt:
+        if thread_id is None:
+            thread_id = (await rt.threads.create())["thread_id"]
+        await _stream(agent, prompt, thread_id, console)
+        console.print(f"[dim]thread {thread_id}[/]")
+
+
+async def run_threads(action: str, thread_id: str | None, store: str, console: Console) -> int:
+    from backchannel.runtime import LocalRuntime
+
+    async with LocalRuntime(store) as rt:
+        if action == "list":
+            table = Table("thread", "status", "updated", "metadata")
+            for t in await rt.threads.search(limit=50):
+                table.add_row(t["thread_id"], t["status"], t["updated_at"][:19], str(t["metadata"])[:60])
+            console.print(table)
+            return 0
+        if thread_id is None:
+            console.print(f"[red]threads {action} needs a thread id[/]")
+            return 2
+        if action == "delete":
+            await rt.threads.delete(thread_id)
+            console.print(f"deleted {thread_id}")
+        elif action == "show":
+            state = await rt.threads.get_state(thread_id)
+            for m in state["values"].get("messages", []):
+                console.print(Text.assemble((f"{m['type']:>6} › ", "bold"), text_of(m["content"])[:500]))
+        elif action == "tree":
+            await _print_tree(rt, thread_id, console, depth=0)
+    return 0
+
+
+async def _print_tree(rt: Any, thread_id: str, console: Console, depth: int) -> None:
+    thread = await rt.threads.get(thread_id)
+    label = thread["metadata"].get("subagent") or thread["metadata"].get("title") or ""
+    console.print(escape(f"{'  ' * depth}{'└ ' if depth else ''}{thread_id} [{thread['status']}] {label}"))
+    for child in await rt.threads.search(metadata={"parent_thread_id": thread_id}, limit=1000, sort_order="asc",
+                                        sort_by="created_at"):
+        await _print_tree(rt, child["thread_id"], console, depth + 1)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from backchannel.runtime import DEFAULT_STORE
+
+    parser = argparse.ArgumentParser(prog="backchannel", description="Deep agents with background subagents.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="supervisor + researcher and analyst subagents in the background")
+    demo.add_argument("--prompt", default=None)
+    run = sub.add_parser("run", help="answer one question with a deep agent")
+    run.add_argument("prompt")
+    run.add_argument("--thread", default=None, help="continue this thread")
+    threads = sub.add_parser("threads", help="list, show, tree or delete threads")
+    threads.add_argument("action", nargs="?", default="list", choices=["list", "show", "tree", "delete"])
+    threads.add_argument("thread_id", nargs="?")
+    for p in (demo, run, threads):
+        p.add_argument("--store", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
+    for p in (demo, run):
+        p.add_argument("--model", default=None, help="provider:model, e.g. openai:gpt-4o-mini")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console()
+    try:
+        if args.command == "demo":
+            from backchannel.demo import DEFAULT_PROMPT
+
+            asyncio.run(run_demo(args.prompt or DEFAULT_PROMPT, resolve_model(args.model), args.store, console))
+        elif args.command == "run":
+            model = resolve_model(args.model)
+            if model is None:
+                console.print("[red]no model configured:[/] pass --model openai:gpt-4o-mini (with OPENAI_API_KEY "
+                              "set), or set BACKCHANNEL_MODEL")
+                return 2
+            asyncio.run(run_once(args.prompt, model, args.thread, args.store, console))
+        else:
+            return asyncio.run(run_threads(args.action, args.thread_id, args.store, console))
+    except KeyboardInterrupt:
+        console.print("[dim]stopped; unfinished runs resume next time[/]")
+        return 130
+    except Exception as exc:  # a readable line rather than a traceback
+        console.print(f"[red]error:[/] {escape(f'{type(exc).__name__}: {exc}')}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

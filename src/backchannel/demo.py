@@ -1,0 +1,123 @@
+"""The seed 001 demo: a supervisor with researcher and analyst subagents working in the background.
+
+The supervisor dispatches the subagents, keeps talking while they work, and
+answers each result as it comes back, then writes the synthesis. With a real
+model configured it uses it; otherwise every agent runs on an offline scripted
+model, and the output says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from backchannel.agent import Agent
+from backchannel.deep_agent import create_deep_agent
+from backchannel.messages import HumanMessage, ToolMessage
+from backchannel.models.base import ModelRequest
+from backchannel.models.scripted import ScriptedModel
+from backchannel.subagents import SubAgent
+from backchannel.tools import tool
+
+__all__ = ["DEFAULT_PROMPT", "build_demo"]
+
+DEFAULT_PROMPT = "Who is the greater basketball player, LeBron James or Michael Jordan?"
+
+_FACTS = {
+    "lebron": "LeBron James: 4 NBA titles, 4 Finals MVPs, 4 regular-season MVPs, 20 All-Star selections, "
+              "the NBA's all-time leading scorer (40,000+ points), 10 Finals appearances.",
+    "jordan": "Michael Jordan: 6 NBA titles in 6 Finals (6 Finals MVPs), 5 regular-season MVPs, 10 scoring "
+              "titles, Defensive Player of the Year 1988, highest career points per game (30.1).",
+    "criteria": "Common GOAT criteria: peak dominance, longevity, championships and Finals record, "
+                "individual awards, statistical production, two-way impact, and influence on the game.",
+}
+
+
+@tool
+async def search_notes(query: str) -> str:
+    """Look up facts in the research notes (an offline knowledge base).
+
+    Args:
+        query: What to look up, e.g. a player's name or "criteria".
+    """
+    q = query.lower()
+    found = [fact for key, fact in _FACTS.items() if key in q or (key == "criteria" and "goat" in q)]
+    return "\n".join(found) or f"No notes match {query!r}; try a player's name or 'criteria'."
+
+
+def build_demo(model: Any = None, *, latency: float = 0.6) -> Agent:
+    """The demo supervisor; ``model=None`` runs everything on offline scripted models."""
+    researcher = SubAgent(
+        "researcher", "Looks up facts and statistics about one subject and reports them.",
+        system_prompt="Research the subject you are given with search_notes, then report the key facts.",
+        tools=[search_notes], background=True, timeout=120,
+        model=model or ScriptedModel([_researcher], loop=True, latency=latency, name="offline-scripted"))
+    analyst = SubAgent(
+        "analyst", "Works out how to compare candidates: criteria and how to weigh them.",
+        system_prompt="Explain the criteria for the comparison you are given and how to weigh them.",
+        tools=[search_notes], background=True, timeout=120,
+        model=model or ScriptedModel([_analyst], loop=True, latency=latency * 1.5, name="offline-scripted"))
+    supervisor_model = model or ScriptedModel([_supervisor], loop=True, latency=latency / 3, name="offline-scripted")
+    return create_deep_agent(
+        supervisor_model, subagents=[researcher, analyst], general_purpose=False, completion="wait",
+        name="supervisor",
+        system_prompt=("You coordinate researchers and an analyst. For a comparison question, start one "
+                       "researcher per subject and the analyst in the background with start_async_task, tell "
+                       "the user what you started, comment briefly on each result as it arrives, and when all "
+                       "are in, give a clear verdict."))
+
+
+# -- the offline scripts: each reply is a function of what the agent sees ---------------
+
+
+def _supervisor(request: ModelRequest) -> Any:
+    messages = request.messages
+    last = messages[-1]
+    tasks: Mapping[str, Any] = request.state.get("async_tasks") or {}
+    if isinstance(last, HumanMessage) and "task_notification" in last.additional_kwargs:
+        done = [t for t in tasks.values() if t.get("status") == "success"]
+        if len(done) < len(tasks):
+            note = last.additional_kwargs["task_notification"]
+            summary = _shorten(last.text.split("Result: ", 1)[-1].removeprefix("Findings: "), 110)
+            return f"The {note['subagent']} is back: {summary} Still waiting on {len(tasks) - len(done)} more."
+        return _verdict()
+    if isinstance(last, ToolMessage):
+        return ("I've put two researchers and an analyst to work in the background. While they dig, "
+                "a thought: this debate usually comes down to peak versus longevity, and the two of them "
+                "are the purest examples of each. I'll comment as each result arrives.")
+    return {"tool_calls": [
+        {"name": "start_async_task", "args": {"subagent_type": "researcher",
+                                              "description": "Research LeBron James: titles, awards, records."}},
+        {"name": "start_async_task", "args": {"subagent_type": "researcher",
+                                              "description": "Research Michael Jordan: titles, awards, records."}},
+        {"name": "start_async_task", "args": {"subagent_type": "analyst",
+                                              "description": "Give the criteria for judging the greatest (GOAT) "
+                                                             "basketball player and how to weigh them."}},
+    ]}
+
+
+def _researcher(request: ModelRequest) -> Any:
+    last = request.messages[-1]
+    if isinstance(last, ToolMessage):
+        return f"Findings: {last.text}"
+    subject = "Michael Jordan" if "jordan" in last.text.lower() else "LeBron James"
+    return {"tool_calls": [{"name": "search_notes", "args": {"query": subject}}]}
+
+
+def _analyst(request: ModelRequest) -> Any:
+    last = request.messages[-1]
+    if isinstance(last, ToolMessage):
+        return (f"{last.text} Weigh peak dominance and Finals record most, then longevity and "
+                "statistical production.")
+    return {"tool_calls": [{"name": "search_notes", "args": {"query": "GOAT criteria"}}]}
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + "…"
+
+
+def _verdict() -> str:
+    return ("All three reports are in. On peak dominance and the Finals, Jordan leads: 6 titles in 6 trips, "
+            "6 Finals MVPs, 10 scoring titles. On longevity and total production, LeBron leads: the all-time "
+            "scoring record and 20 All-Star selections. Weighing peak and Finals record most, as the analyst "
+            "suggests, the verdict is Michael Jordan, by a narrow margin that LeBron's longevity keeps alive.")
