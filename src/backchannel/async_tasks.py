@@ -25,8 +25,10 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypedDict
 
+from backchannel.agent import Agent
 from backchannel.context import RunContext
 from backchannel.events import Event
+from backchannel.hitl import is_review_request
 from backchannel.messages import AIMessage, HumanMessage, text_of
 from backchannel.middleware import Middleware
 from backchannel.notifier import CompletionNotifier, describe_question
@@ -148,6 +150,8 @@ class AsyncSubAgentMiddleware(Middleware):
     async def update_async_task(self, task_id: str, message: str, runtime: ToolRuntime) -> ToolResult:
         """Send a follow-up to a background task: new instructions, or the answer it is waiting for.
 
+        A task waiting for approval of a tool call takes "approve", or any other text to reject it.
+
         Args:
             task_id: The id start_async_task returned.
             message: What to tell the task.
@@ -157,7 +161,10 @@ class AsyncSubAgentMiddleware(Middleware):
         spec = self.specs[task["subagent"]]
         status = await task_status(rt, task)
         if status == "waiting":
-            run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id, command={"resume": message})
+            thread = await rt.threads.get(task_id)
+            pending = [i["value"] for v in thread["interrupts"].values() for i in v]
+            run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id,
+                                        command={"resume": resume_value(message, pending)})
         else:
             strategy = "interrupt" if status in _ACTIVE else "enqueue"
             run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id,
@@ -239,16 +246,47 @@ class AsyncSubAgentMiddleware(Middleware):
             forward_events(stream.bus, ctx, f"{spec.name}:{tool_call_id}", tool_call_id)
         return run
 
+    def runtime_agents(self) -> list[Any]:
+        """The agents whose runs this middleware starts on the runtime (registered with the supervisor)."""
+        return [self._agent(s) for s in self.specs.values() if s.url is None]
+
     def _agent(self, spec: SubAgent) -> Any:
         if spec.name not in self._agents:
-            self._agents[spec.name] = build_subagent(spec, self._model, self._parent_tools,
-                                                     extra_middleware=[CompletionNotifier()])
+            agent = build_subagent(spec, self._model, self._parent_tools, extra_middleware=[CompletionNotifier()])
+            if not any(isinstance(mw, CompletionNotifier) for mw in agent.middleware):
+                # A prebuilt agent: a copy of it that notifies, like the agents built from specs.
+                agent = Agent(agent.model, agent.tools, system_prompt=agent.system_prompt,
+                              middleware=[*agent.middleware, CompletionNotifier()], name=agent.name or spec.name,
+                              max_iterations=agent.max_iterations, model_settings=agent.model_settings,
+                              state_schema=agent.state_schema)
+            self._agents[spec.name] = agent
         return self._agents[spec.name]
 
     def _report(self, ctx: RunContext, task: Mapping[str, Any], status: str, content: str) -> ToolResult:
         fields = {"status": status, "run_id": task["run_id"], "updated_at": now_iso()}
         ctx.emit("task", {**task, **fields})
         return ToolResult(content, update={"async_tasks": {task["task_id"]: fields}})
+
+
+_APPROVALS = frozenset({"approve", "approved", "yes", "y", "ok", "okay", "accept", "go ahead"})
+
+
+def resume_value(message: str, pending: Sequence[Any]) -> Any:
+    """How a follow-up answers a waiting task: a JSON object or list as written; for a tool-approval
+    review, "approve" (yes, ok) approves its actions and any other text rejects them with that text as
+    the reason; otherwise the message itself."""
+    try:
+        value = json.loads(message)
+    except ValueError:
+        value = None
+    if isinstance(value, (dict, list)):
+        return value
+    if len(pending) == 1 and is_review_request(pending[0]):
+        count = len(pending[0]["action_requests"])
+        if message.strip().rstrip(".!").lower() in _APPROVALS:
+            return {"decisions": [{"type": "approve"}] * count}
+        return {"decisions": [{"type": "reject", "message": message}] * count}
+    return message
 
 
 def _runtime_of(runtime: ToolRuntime) -> tuple[RunContext, Any]:

@@ -47,7 +47,7 @@ class ParentContext(TypedDict, total=False):
 
 
 def format_notification(task_id: str, subagent: str, status: str, detail: str) -> str:
-    """The notification text for a task that ended ``success``, ``error`` or ``waiting``."""
+    """The notification text for a task that ended ``success``, ``waiting``, ``error`` or ``timeout``."""
     head = f"[task_id={task_id}][subagent={subagent}]"
     if status == "success":
         if len(detail) > SUMMARY_LIMIT:
@@ -98,7 +98,8 @@ def _outcome(result: RunResult) -> tuple[str | None, str]:
     if result.status == "interrupted":
         return "waiting", describe_question([i.value for i in result.interrupts])
     if result.status == "timeout":
-        return "error", "the task ran out of time before it finished."
+        # An Error line, but the marker keeps the status, so the tracked task reads "timeout".
+        return "timeout", "the task ran out of time before it finished."
     if result.status == "error":
         # Generic on purpose: exception text can hold internals the supervisor's model should not see.
         return "error", "the task failed before it finished."

@@ -94,6 +94,9 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return "\n".join(description).strip(), params
 
 
+_ValidationError: Any = None  # pydantic's, once a tool's model is built (pydantic loads on first use)
+
+
 class Tool:
     """A callable the model can use: a name, a description, a JSON schema and a function."""
 
@@ -146,7 +149,10 @@ class Tool:
     @cached_property
     def _model(self) -> Any:
         """A pydantic model of the arguments (or ``None`` when a JSON schema was given)."""
-        from pydantic import BaseModel, ConfigDict, Field, create_model
+        global _ValidationError
+        from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+        _ValidationError = ValidationError
 
         if isinstance(self._args_schema, type) and issubclass(self._args_schema, BaseModel):
             return self._args_schema
@@ -186,13 +192,11 @@ class Tool:
             if missing:
                 raise ToolArgumentsError("missing required argument(s): " + ", ".join(missing))
             return args
-        from pydantic import ValidationError
-
         try:
             validated = model.model_validate(args)
-        except ValidationError as exc:
+        except _ValidationError as exc:
             raise ToolArgumentsError(_describe_validation_error(exc)) from None
-        return {name: getattr(validated, name) for name in type(validated).model_fields}
+        return dict(validated.__dict__)
 
     async def ainvoke(self, args: dict[str, Any], runtime: ToolRuntime | None = None) -> Any:
         """Validate ``args`` and run the function (sync functions run in a worker thread)."""

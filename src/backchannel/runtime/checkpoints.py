@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,8 +97,13 @@ class Checkpointer:
         """Record ``update`` as a new checkpoint after ``state.head``; ``apply`` merges it into ``state``."""
         if apply:
             apply_update(state.values, update, reducers)
+        seq = state.seq + 1
+        if self._latest.get(thread_id) is not state:
+            # Not the newest state (a fork from an earlier checkpoint): append after the newest.
+            newest = await self.storage.head_checkpoint(thread_id)
+            seq = max(seq, newest.seq + 1) if newest is not None else seq
         row = CheckpointRow(
-            thread_id, new_id(), state.head.checkpoint_id if state.head else None, state.seq + 1, run_id,
+            thread_id, new_id(), state.head.checkpoint_id if state.head else None, seq, run_id,
             dumps(update), next_stage, {"source": source, "step": step}, now_iso())
         await self.storage.put_checkpoint(row)
         state.head = row
@@ -110,14 +115,17 @@ class Recorder:
     """The :class:`~backchannel.context.StepRecorder` of one run: every agent step becomes a checkpoint."""
 
     def __init__(self, checkpointer: Checkpointer, thread_id: str, state: ThreadState, run_id: str,
-                 reducers: Mapping[str, Reducer], step: int, bus: EventBus | None = None) -> None:
+                 reducers: Mapping[str, Reducer], step: int, bus: EventBus | None = None, *,
+                 pending: bool = False, node_at: Callable[[str], str] | None = None) -> None:
         self.checkpointer = checkpointer
+        self.node_at = node_at  # the agent's node for a stage, so a checkpoint's ``next`` names nodes
         self.bus = bus
         self.thread_id = thread_id
         self.state = state
         self.run_id = run_id
         self.reducers = reducers
         self.step_count = step
+        self._pending = pending  # tool results of a parallel batch are stored and not yet checkpointed
 
     async def step(self, node: str, update: Mapping[str, Any], next_stage: str) -> None:
         # The agent has already merged the update into the (shared) state.
@@ -126,11 +134,18 @@ class Recorder:
         row = await self.checkpointer.write(self.thread_id, self.state, update, next_stage=next_stage,
                                             source="loop", run_id=self.run_id, step=self.step_count,
                                             reducers=self.reducers, apply=False)
+        if self._pending:
+            # Safe after the checkpoint: a resumed run only looks up results of unanswered calls.
+            await self.checkpointer.storage.clear_pending_writes(self.thread_id)
+            self._pending = False
         if self.bus is not None and self.bus.wants_values and self.bus.listeners:
-            self.bus.publish(Event("checkpoint", _checkpoint_payload(row, parent, self.state.values), (), "",
-                                   self.thread_id, self.run_id))
+            payload = _checkpoint_payload(row, parent, self.state.values)
+            if self.node_at is not None and row.next:
+                payload["next"] = [self.node_at(row.next)]
+            self.bus.publish(Event("checkpoint", payload, (), "", self.thread_id, self.run_id))
 
     async def pending(self, tool_call_id: str, update: Mapping[str, Any]) -> None:
+        self._pending = True
         await self.checkpointer.storage.put_pending_write(self.thread_id, tool_call_id, dumps(update))
 
 

@@ -293,14 +293,17 @@ class RunsClient:
                      "pending", run_metadata, kwargs, strategy, rt.worker_id,
                      (now + timedelta(seconds=after_seconds or 0)).isoformat(),
                      concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
+        # The stream and context exist before the run is stored: the scheduler may start it at
+        # the first await (e.g. while the runs it supersedes are being cancelled).
+        rt.new_stream(row)
+        rt.remember_context(row.run_id)
         await rt.storage.create_run(row)
         thread_meta = {**thread.metadata, "graph_id": graph_id, "assistant_id": _assistant_id(graph_id)}
         await rt.storage.update_thread(thread_id, status="busy", metadata=thread_meta, updated_at=row.created_at)
         if active and strategy in ("interrupt", "rollback"):
-            for other in active:
+            # Newest first, so a queued run cannot start in the gap left by the running one.
+            for other in reversed(active):
                 await rt.cancel_run(other, strategy, wait=True)
-        rt.new_stream(row)
-        rt.remember_context(row.run_id)
         rt.kick()
         return _render_run(row)
 
@@ -367,8 +370,11 @@ class RunsClient:
             thread = await self._rt.storage.get_thread(row.thread_id)
             if thread is None:
                 return {}
-            state = await self._rt.threads._state(thread)
-            result = to_jsonable(state.values)
+            if stream is not None and stream.final_values is not None:
+                result = dict(stream.final_values)  # this run's own end state, whatever queued run came next
+            else:
+                state = await self._rt.threads._state(thread)
+                result = to_jsonable(state.values)
             if thread.status == "interrupted" and thread.interrupts:
                 result["__interrupt__"] = [interrupt_part(i) for i in thread.interrupts]
         if row.kwargs.get("temporary"):

@@ -26,7 +26,14 @@ from backchannel.agent import Agent, RunResult, describe_error
 from backchannel.context import RunContext
 from backchannel.errors import BackchannelError, InvalidRequestError, NotFoundError
 from backchannel.events import EventBus
-from backchannel.messages import AnyMessage, ToolMessage, message_from_dict, messages_from_input, new_id, pending_tool_calls
+from backchannel.messages import (
+    AnyMessage,
+    ToolMessage,
+    message_from_dict,
+    messages_from_input,
+    new_id,
+    pending_tool_calls,
+)
 from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
 from backchannel.runtime.clients import resume_map
 from backchannel.runtime.inbox import ThreadInbox
@@ -74,7 +81,9 @@ class LocalRuntime:
         self.graphs: dict[str, Agent] = {}
         self._assistant_ids: dict[str, str] = {}
         for graph_id, agent in (agents or {}).items():
-            self.register(graph_id, agent)
+            self.register(graph_id, agent, subagents=False)
+        for agent in list(self.graphs.values()):  # after the given names, so none is taken by a subagent
+            self._register_subagents(agent)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._streams: dict[str, RunStream] = {}
         self._inboxes: dict[str, ThreadInbox] = {}
@@ -91,14 +100,23 @@ class LocalRuntime:
 
     # -- agents --------------------------------------------------------------
 
-    def register(self, graph_id: str, agent: Agent) -> None:
-        """Make ``agent`` available as the assistant ``graph_id``."""
+    def register(self, graph_id: str, agent: Agent, *, subagents: bool = True) -> None:
+        """Make ``agent`` (and the background subagents it runs here) available as the assistant ``graph_id``."""
         if graph_id in self.graphs and self.graphs[graph_id] is not agent:
             raise ValueError(f"an agent is already registered as {graph_id!r}")
         self.graphs[graph_id] = agent
         self._assistant_ids[assistant_id_for(graph_id)] = graph_id
         if agent.runtime is None:
             agent.runtime = self
+        if subagents:
+            self._register_subagents(agent)
+
+    def _register_subagents(self, agent: Agent) -> None:
+        # The agents its middleware runs on this runtime (background subagents) are registered now,
+        # not at their first task, so a task run taken over after a restart finds its agent.
+        for mw in agent.middleware:
+            for sub in getattr(mw, "runtime_agents", lambda: ())():
+                self.graph_id_for_agent(sub)
 
     def graph_id_of(self, assistant_id: str) -> str:
         """The graph id an assistant id (or graph id) names; :class:`NotFoundError` if none."""
@@ -113,8 +131,12 @@ class LocalRuntime:
         for graph_id, registered in self.graphs.items():
             if registered is agent:
                 return graph_id
-        self.register(agent.graph_name, agent)
-        return agent.graph_name
+        graph_id, n = agent.graph_name, 1
+        while graph_id in self.graphs:  # the name is another agent's: take a stable variant of it
+            n += 1
+            graph_id = f"{agent.graph_name}-{n}"
+        self.register(graph_id, agent)
+        return graph_id
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -254,17 +276,19 @@ class LocalRuntime:
         kwargs = row.kwargs
         reducers = agent.state_reducers()
         state = await self._load_state(row, reducers)
-        stage, resume = await self._prepare(row, state, reducers, stream, agent)
         pending = {}
-        if state.head is not None and state.head.run_id == row.run_id:
-            pending = {k: _decode_pending(v) for k, v in (await self.storage.pending_writes(row.thread_id)).items()}
+        if state.head is not None and state.head.run_id == row.run_id:  # resuming after a crash
+            stored = await self.storage.pending_writes(row.thread_id)
+            pending = {call_id: _decode_pending(value) for call_id, value in stored.items()}
+        stage, resume = await self._prepare(row, state, reducers, stream, agent)
         inbox = ThreadInbox(self.storage, row.thread_id, await self.storage.inbox(row.thread_id))
         self._inboxes[row.thread_id] = inbox
         step = state.head.metadata.get("step", 0) if state.head else 0
         ctx = RunContext(
             agent.graph_name, row.run_id, thread_id=row.thread_id, bus=stream.bus,
             context=kwargs.get("context"), store=self.store, metadata=row.metadata,
-            recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus),
+            recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus,
+                              pending=bool(pending), node_at=agent.node_at),
             inbox=inbox, resume=resume, pending_tools=pending, runtime=self)
         if not stage:
             return RunResult("success", state.values)
@@ -312,7 +336,9 @@ class LocalRuntime:
         await self.checkpoints.write(row.thread_id, state, update, next_stage="before_agent", source="input",
                                      run_id=row.run_id, step=step + 1, reducers=reducers)
         if stream.bus.wants_values:
-            stream.publish("values", dict(state.values), agent=agent.graph_name, thread_id=row.thread_id)
+            # A snapshot: the run goes on appending to the live messages list.
+            snapshot = {k: list(v) if isinstance(v, list) else v for k, v in state.values.items()}
+            stream.publish("values", snapshot, agent=agent.graph_name, thread_id=row.thread_id)
         return "before_agent", resume
 
     async def _finish(self, row: RunRow, agent: Agent, result: RunResult) -> tuple[str, dict[str, Any]]:

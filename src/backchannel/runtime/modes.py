@@ -69,13 +69,18 @@ class StreamMapper:
             return
         for mode, data in handler(event):
             if mode in self.modes or (mode.startswith("messages/") and "messages" in self.modes):
-                name = mode if mode.startswith("messages/") else mode + suffix
+                # messages-tuple parts are named "messages" on the wire (and namespaced, unlike messages/*)
+                base = "messages" if mode == "messages-tuple" else mode
+                name = mode if mode.startswith("messages/") else base + suffix
                 yield StreamPart(name, data, event_id)
 
     # Each _on_<type> yields (mode, data) pairs; parts() keeps the requested ones.
 
     def _on_values(self, event: Event) -> Iterator[tuple[str, Any]]:
-        yield "values", to_jsonable(event.data)
+        values = to_jsonable({k: v for k, v in event.data.items() if k != "__interrupt__"})
+        if "__interrupt__" in event.data:  # as in updates: {"value", "id", "response_schema"}
+            values["__interrupt__"] = [interrupt_part(i) for i in event.data["__interrupt__"]]
+        yield "values", values
 
     def _on_updates(self, event: Event) -> Iterator[tuple[str, Any]]:
         self._step += 1

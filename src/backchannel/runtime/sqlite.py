@@ -238,11 +238,9 @@ class SQLiteStorage(Storage):
     # -- checkpoints
 
     async def put_checkpoint(self, row: CheckpointRow) -> None:
-        with self._transaction() as db:
-            db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
-                       (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, row.delta,
-                        row.next, _dump(row.metadata), row.created_at))
-            db.execute("DELETE FROM pending_writes WHERE thread_id = ?", (row.thread_id,))
+        self.db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
+                        (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, row.delta,
+                         row.next, _dump(row.metadata), row.created_at))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
@@ -297,6 +295,9 @@ class SQLiteStorage(Storage):
     async def pending_writes(self, thread_id: str) -> dict[str, str]:
         rows = self.db.execute("SELECT key, value FROM pending_writes WHERE thread_id = ?", (thread_id,))
         return dict(rows.fetchall())
+
+    async def clear_pending_writes(self, thread_id: str) -> None:
+        self.db.execute("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
 
     # -- inbox
 

@@ -158,7 +158,7 @@ class Storage(abc.ABC):
     # -- checkpoints
     @abc.abstractmethod
     async def put_checkpoint(self, row: CheckpointRow) -> None:
-        """Append a checkpoint; also drops the pending tool results of its thread."""
+        """Append a checkpoint."""
 
     @abc.abstractmethod
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None: ...
@@ -191,6 +191,10 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def pending_writes(self, thread_id: str) -> dict[str, str]: ...
+
+    @abc.abstractmethod
+    async def clear_pending_writes(self, thread_id: str) -> None:
+        """Drop a thread's pending tool results once their batch is checkpointed."""
 
     # -- inbox: messages for a thread, delivered into its next model call or a new run
     @abc.abstractmethod

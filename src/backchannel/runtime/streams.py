@@ -67,7 +67,7 @@ class RunStream:
         self.final_values = values
         self._wake()
         if not self.resumable:
-            self.events = []  # only live readers could see them, and they have
+            self.events = []  # only live readers could see them; each drains the list it follows
 
     async def wait(self) -> str:
         """Wait for the run to end; returns its status."""
@@ -87,10 +87,11 @@ class RunStream:
         """
         self.bus.wants_values = self.bus.wants_values or values
         self._record()
-        index = _first_after(self.events, after_seq)
+        events = self.events  # finish() drops a non-resumable run's list; a reader still drains its own
+        index = _first_after(events, after_seq)
         while True:
-            while index < len(self.events):
-                yield self.events[index]
+            while index < len(events):
+                yield events[index]
                 index += 1
             if self.status is not None:
                 return

@@ -1,0 +1,156 @@
+"""Checkpoints: one per step, deltas that grow linearly, reading earlier states, and forking from them."""
+
+import pytest
+from runtime_helpers import contents, echo_agent, looping_agent, user
+
+from backchannel import NotFoundError
+
+
+async def _stored_bytes(rt, thread_id):
+    return sum(len(c.delta) for c in await rt.storage.list_checkpoints(thread_id))
+
+
+async def test_a_checkpoint_per_step(make_runtime):
+    rt = await make_runtime({"agent": looping_agent(2)})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    result = await rt.runs.wait(tid, "agent", input=user("go"))
+    run_id = (await rt.runs.list(tid))[0]["run_id"]
+    history = await rt.threads.get_history(tid, limit=100)
+    # input, then model, tools, model, tools, model: one checkpoint each
+    assert [h["metadata"]["source"] for h in reversed(history)] == ["input"] + ["loop"] * 5
+    assert [h["metadata"]["step"] for h in reversed(history)] == [-1, 0, 1, 2, 3, 4]
+    assert [len(h["values"]["messages"]) for h in reversed(history)] == [1, 2, 3, 4, 5, 6]
+    assert [h["next"] for h in reversed(history)] == [["model"], ["tools"], ["model"], ["tools"], ["model"], []]
+    assert all(h["metadata"]["run_id"] == run_id for h in history)
+    assert history[0]["values"] == result
+    assert len({h["checkpoint_id"] for h in history}) == 6
+
+
+async def test_checkpoints_store_deltas_not_copies(make_runtime):
+    rt = await make_runtime({"agent": looping_agent(30)})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    await rt.runs.wait(tid, "agent", input=user("go"))
+    rows = await rt.storage.list_checkpoints(tid)
+    assert len(rows) == 62  # input + 30 × (model, tools) + the answer
+    # every step's delta is small and about the same size, however long the conversation is
+    sizes = [len(r.delta) for r in rows[:-1]]  # the input checkpoint aside
+    assert max(sizes) < 1000
+    assert max(sizes[:10]) <= 2 * max(sizes[-10:]) and max(sizes[-10:]) <= 2 * max(sizes[:10])
+
+
+@pytest.mark.parametrize("store", ["memory", "file"])
+async def test_stored_bytes_grow_linearly(make_runtime, tmp_path, store):
+    sizes = {}
+    for steps in (100, 200):
+        url = "memory" if store == "memory" else f"sqlite:///{tmp_path}/{steps}.db"
+        rt = await make_runtime({"agent": looping_agent(steps)}, store=url)
+        thread = await rt.threads.create()
+        tid = thread["thread_id"]
+        result = await rt.runs.wait(tid, "agent", input=user("go"))
+        assert contents(result)[-1] == f"done after {steps} steps"
+        if store == "memory":
+            sizes[steps] = await _stored_bytes(rt, tid)
+        else:
+            await rt.close()
+            sizes[steps] = sum(p.stat().st_size for p in tmp_path.glob(f"{steps}.db*"))
+    # full copies per step would make this about 4×; deltas keep it about 2×
+    assert sizes[200] <= 2.5 * sizes[100], sizes
+    if store == "memory":
+        assert sizes[200] >= 1.5 * sizes[100], sizes  # and the steps really were stored
+
+
+async def test_state_at_each_checkpoint(make_runtime):
+    rt = await make_runtime({"agent": echo_agent()})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    for word in ("one", "two", "three"):
+        await rt.runs.wait(tid, "agent", input=user(word))
+    history = await rt.threads.get_history(tid)
+    for h in history:
+        state = await rt.threads.get_state(tid, checkpoint_id=h["checkpoint_id"])
+        assert state["values"] == h["values"]
+        assert state["checkpoint_id"] == h["checkpoint_id"]
+    assert contents(history[3]["values"]) == ["one", "echo: one", "two"]
+
+
+async def test_a_run_from_an_earlier_checkpoint_forks_the_thread(make_runtime):
+    rt = await make_runtime({"agent": echo_agent()})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    await rt.runs.wait(tid, "agent", input=user("one"))
+    await rt.runs.wait(tid, "agent", input=user("two"))
+    history = await rt.threads.get_history(tid)
+    after_one = next(h for h in history if contents(h["values"]) == ["one", "echo: one"])
+
+    result = await rt.runs.wait(tid, "agent", input=user("three"), checkpoint_id=after_one["checkpoint_id"])
+    assert contents(result) == ["one", "echo: one", "three", "echo: three"]
+    state = await rt.threads.get_state(tid)
+    assert contents(state["values"]) == ["one", "echo: one", "three", "echo: three"]
+    assert contents((await rt.threads.get(tid))["values"]) == ["one", "echo: one", "three", "echo: three"]
+    # the new branch hangs off the chosen checkpoint
+    new_history = await rt.threads.get_history(tid, limit=100)
+    branch = [h for h in new_history if h["checkpoint_id"] not in {x["checkpoint_id"] for x in history}]
+    assert len(branch) == 2
+    assert branch[-1]["parent_checkpoint_id"] == after_one["checkpoint_id"]
+    # the old branch is still readable
+    old_tip = history[0]["checkpoint_id"]
+    old = await rt.threads.get_state(tid, checkpoint_id=old_tip)
+    assert contents(old["values"]) == ["one", "echo: one", "two", "echo: two"]
+    # and the conversation goes on from the new branch
+    await rt.runs.wait(tid, "agent", input=user("four"))
+    assert contents((await rt.threads.get_state(tid))["values"]) == [
+        "one", "echo: one", "three", "echo: three", "four", "echo: four"]
+
+
+async def test_fork_with_a_checkpoint_dict(make_runtime):
+    rt = await make_runtime({"agent": echo_agent()})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    await rt.runs.wait(tid, "agent", input=user("one"))
+    await rt.runs.wait(tid, "agent", input=user("two"))
+    first = (await rt.threads.get_history(tid))[-1]  # the input checkpoint of "one"
+    result = await rt.runs.wait(tid, "agent", input=user("again"),
+                                checkpoint={"checkpoint_id": first["checkpoint_id"], "thread_id": tid,
+                                            "checkpoint_ns": ""})
+    assert contents(result) == ["one", "again", "echo: again"]
+
+
+async def test_update_state_at_an_earlier_checkpoint_forks(make_runtime):
+    rt = await make_runtime({"agent": echo_agent()})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    await rt.runs.wait(tid, "agent", input=user("one"))
+    await rt.runs.wait(tid, "agent", input=user("two"))
+    history = await rt.threads.get_history(tid)
+    after_one = next(h for h in history if contents(h["values"]) == ["one", "echo: one"])
+    await rt.threads.update_state(tid, {"messages": [{"role": "user", "content": "instead"}]},
+                                  checkpoint_id=after_one["checkpoint_id"])
+    state = await rt.threads.get_state(tid)
+    assert contents(state["values"]) == ["one", "echo: one", "instead"]
+    assert state["metadata"]["source"] == "fork"
+    assert state["parent_checkpoint_id"] == after_one["checkpoint_id"]
+
+
+async def test_an_unknown_checkpoint_is_not_found(make_runtime):
+    rt = await make_runtime({"agent": echo_agent()})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    await rt.runs.wait(tid, "agent", input=user("one"))
+    with pytest.raises(NotFoundError):
+        await rt.runs.create(tid, "agent", input=user("x"), checkpoint_id="nope")
+    with pytest.raises(NotFoundError):
+        await rt.threads.get_history(tid, before="nope")
+    assert len(await rt.runs.list(tid)) == 1
+
+
+async def test_copy_of_a_thread_keeps_checkpoints_separate(make_runtime):
+    rt = await make_runtime({"agent": echo_agent()})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    await rt.runs.wait(tid, "agent", input=user("one"))
+    copy = await rt.threads.copy(tid)
+    await rt.runs.delete(tid, (await rt.runs.list(tid))[0]["run_id"])  # drops the original's checkpoints
+    assert await rt.threads.get_history(tid) == []
+    assert contents((await rt.threads.get_state(copy["thread_id"]))["values"]) == ["one", "echo: one"]

@@ -1,0 +1,339 @@
+"""Streaming: each LangGraph stream mode, subgraph naming, errors, and joining a stream (replay, Last-Event-ID)."""
+
+import asyncio
+
+import pytest
+from runtime_helpers import contents, echo_agent, eventually, run_status_is, tool_loop, user
+
+from backchannel import ScriptedModel, ToolMessage, ToolRuntime, create_agent, tool
+from backchannel.hitl import HumanInTheLoop
+
+
+@tool
+async def lookup(query: str, runtime: ToolRuntime) -> str:
+    """Look something up, reporting progress."""
+    runtime.emit({"progress": f"looking up {query}"})
+    return f"found {query}"
+
+
+@tool
+async def broken(query: str) -> str:
+    """Always fails."""
+    raise ValueError("the lookup service is down")
+
+
+def _tool_then_answer(tool_name: str = "lookup"):
+    def reply(request):
+        if isinstance(request.messages[-1], ToolMessage):
+            return "the answer is forty two"
+        return {"tool_calls": [{"name": tool_name, "args": {"query": "meaning"}, "id": "call_1"}]}
+
+    return reply
+
+
+@pytest.fixture
+async def trt(make_runtime):
+    """A runtime whose agent calls ``lookup`` once, then answers in several words."""
+    agent = create_agent(ScriptedModel([_tool_then_answer()], loop=True), [lookup, broken])
+    return await make_runtime({"agent": agent, "echo": echo_agent()})
+
+
+async def _stream(rt, mode, **kwargs):
+    thread = await rt.threads.create()
+    parts = [p async for p in rt.runs.stream(thread["thread_id"], kwargs.pop("assistant", "agent"),
+                                             input=user(kwargs.pop("text", "what is it?")),
+                                             stream_mode=mode, **kwargs)]
+    return thread["thread_id"], parts
+
+
+def _of(parts, event):
+    return [p.data for p in parts if p.event == event]
+
+
+# -- values / updates ---------------------------------------------------------------------------------
+
+
+async def test_values_stream_full_states_from_input_to_final(trt):
+    tid, parts = await _stream(trt, "values")
+    assert parts[0].event == "metadata"
+    assert set(parts[0].data) == {"run_id", "attempt"} and parts[0].data["attempt"] == 1
+    assert {p.event for p in parts[1:]} == {"values"}
+    states = _of(parts, "values")
+    assert contents(states[0]) == ["what is it?"]
+    assert [len(s["messages"]) for s in states] == [1, 2, 3, 4]
+    assert contents(states[-1]) == ["what is it?", "", "found meaning", "the answer is forty two"]
+    assert states[-1] == (await trt.threads.get_state(tid))["values"]
+    assert parts[0].data["run_id"] == (await trt.runs.list(tid))[0]["run_id"]
+
+
+async def test_updates_stream_what_each_node_returned(trt):
+    _, parts = await _stream(trt, "updates")
+    updates = _of(parts, "updates")
+    assert [list(u) for u in updates] == [["model"], ["tools"], ["model"]]
+    assert updates[0]["model"]["messages"][0]["tool_calls"][0]["name"] == "lookup"
+    tool_message = updates[1]["tools"]["messages"][0]
+    assert tool_message["type"] == "tool" and tool_message["content"] == "found meaning"
+    assert updates[2]["model"]["messages"][0]["content"] == "the answer is forty two"
+
+
+async def test_several_modes_at_once(trt):
+    _, parts = await _stream(trt, ["values", "updates", "custom"])
+    assert [p.event for p in parts] == ["metadata", "values", "updates", "values", "custom", "updates", "values",
+                                        "updates", "values"]
+
+
+# -- messages ------------------------------------------------------------------------------------------
+
+
+async def test_messages_tuple_streams_chunks_with_metadata(trt):
+    tid, parts = await _stream(trt, "messages-tuple")
+    assert {p.event for p in parts[1:]} == {"messages"}
+    pairs = _of(parts, "messages")
+    for chunk, meta in pairs:
+        assert meta["thread_id"] == tid and meta["run_id"] == parts[0].data["run_id"]
+        assert "langgraph_node" in meta
+    chunks = [c for c, m in pairs if c["type"] == "AIMessageChunk"]
+    final_id = chunks[-1]["id"]
+    text = "".join(c["content"] for c in chunks if c["id"] == final_id)
+    assert text == "the answer is forty two"
+    assert len([c for c in chunks if c["id"] == final_id and c["content"]]) > 1  # really streamed in pieces
+    assert chunks[-1]["chunk_position"] == "last"
+    assert all(m["langgraph_node"] == "model" for c, m in pairs if c["type"] == "AIMessageChunk")
+    # the tool call arrives as tool call chunks
+    call_chunks = [tc for c in chunks for tc in c["tool_call_chunks"]]
+    assert call_chunks[0]["name"] == "lookup" and call_chunks[0]["id"] == "call_1"
+    assert "".join(tc["args"] for tc in call_chunks) == '{"query": "meaning"}'
+    # tool results come whole
+    tools = [(c, m) for c, m in pairs if c["type"] == "tool"]
+    assert [c["content"] for c, _ in tools] == ["found meaning"]
+    assert tools[0][1]["langgraph_node"] == "tools"
+    # and the final state has the same message ids
+    final = (await trt.threads.get_state(tid))["values"]["messages"]
+    assert final_id == final[-1]["id"]
+
+
+async def test_messages_mode_streams_partials_and_completes(trt):
+    _, parts = await _stream(trt, "messages")
+    events = [p.event for p in parts[1:]]
+    assert set(events) <= {"messages/metadata", "messages/partial", "messages/complete"}
+    partials = [p.data[0] for p in parts if p.event == "messages/partial"]
+    final_id = partials[-1]["id"]
+    texts = [m["content"] for m in partials if m["id"] == final_id]
+    assert texts[-1] == "the answer is forty two"
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # each partial holds all so far
+    assert len(set(texts)) > 2
+    assert all(m["type"] == "ai" for m in partials)
+    # metadata comes first for each message id
+    first_meta = events.index("messages/metadata")
+    assert first_meta < events.index("messages/partial")
+    metas = [p.data for p in parts if p.event == "messages/metadata"]
+    assert any(final_id in m for m in metas)
+    completes = [p.data[0] for p in parts if p.event == "messages/complete"]
+    assert [m["content"] for m in completes] == ["found meaning"]
+    assert completes[0]["type"] == "tool"
+
+
+# -- custom / tools / lifecycle / checkpoints ----------------------------------------------------------------
+
+
+async def test_custom_stream_carries_what_tools_emit(trt):
+    _, parts = await _stream(trt, "custom")
+    assert _of(parts, "custom") == [{"progress": "looking up meaning"}]
+
+
+async def test_tools_stream_starts_and_finishes(trt):
+    _, parts = await _stream(trt, "tools")
+    started, finished = _of(parts, "tools")
+    assert started == {"event": "tool-started", "tool_call_id": "call_1", "tool_name": "lookup",
+                       "input": {"query": "meaning"}}
+    assert finished["event"] == "tool-finished" and finished["tool_call_id"] == "call_1"
+    assert finished["output"]["type"] == "tool" and finished["output"]["content"] == "found meaning"
+
+
+async def test_tools_stream_reports_errors(make_runtime):
+    agent = create_agent(ScriptedModel([_tool_then_answer("broken")], loop=True), [broken])
+    rt = await make_runtime({"agent": agent})
+    _, parts = await _stream(rt, "tools")
+    started, failed = _of(parts, "tools")
+    assert started["event"] == "tool-started"
+    assert failed["event"] == "tool-error" and failed["tool_call_id"] == "call_1"
+    assert "the lookup service is down" in failed["message"]
+
+
+async def test_lifecycle_stream(trt):
+    _, parts = await _stream(trt, "lifecycle")
+    events = _of(parts, "lifecycle")
+    assert [e["event"] for e in events] == ["started", "completed"]
+    assert all(e["graph_name"] == "agent" and e["namespace"] == [] for e in events)
+
+
+async def test_checkpoints_stream_one_per_step(trt):
+    tid, parts = await _stream(trt, "checkpoints")
+    checkpoints = _of(parts, "checkpoints")
+    history = list(reversed(await trt.threads.get_history(tid)))
+    streamed_ids = [c["config"]["configurable"]["checkpoint_id"] for c in checkpoints]
+    assert streamed_ids == [h["checkpoint_id"] for h in history][-len(streamed_ids):]
+    assert len(streamed_ids) == 3  # model, tools, model
+    assert [c["metadata"]["source"] for c in checkpoints] == ["loop"] * 3
+    # next names the node the run goes on to (the last one's is settled when the run ends)
+    assert [c["next"] for c in checkpoints[:2]] == [["tools"], ["model"]]
+    for c, h in zip(checkpoints, history[-3:]):
+        assert c["values"] == h["values"]
+        assert c["config"]["configurable"]["thread_id"] == tid
+    assert checkpoints[1]["parent_config"]["configurable"]["checkpoint_id"] == streamed_ids[0]
+
+
+async def test_events_tasks_and_debug_modes_produce_parts(trt):
+    _, parts = await _stream(trt, ["events", "tasks", "debug"])
+    kinds = {p.data["event"] for p in parts if p.event == "events"}
+    assert {"on_chat_model_start", "on_chat_model_stream", "on_chat_model_end", "on_tool_start",
+            "on_tool_end"} <= kinds
+    tasks = _of(parts, "tasks")
+    assert [t["name"] for t in tasks if "triggers" in t] == ["model", "tools", "model"]
+    assert all(t["error"] is None for t in tasks if "result" in t)
+    assert {d["type"] for d in _of(parts, "debug")} <= {"checkpoint", "task", "task_result"}
+
+
+# -- interrupts and errors ------------------------------------------------------------------------------------
+
+
+async def test_an_interrupt_shows_in_updates_and_values(make_runtime):
+    agent = create_agent(ScriptedModel([_tool_then_answer()], loop=True), [lookup],
+                         middleware=[HumanInTheLoop({"lookup": True})])
+    rt = await make_runtime({"agent": agent})
+    _, parts = await _stream(rt, ["updates", "values"])
+    interrupt_updates = [u for u in _of(parts, "updates") if "__interrupt__" in u]
+    assert len(interrupt_updates) == 1
+    [pending] = interrupt_updates[0]["__interrupt__"]
+    assert set(pending) == {"value", "id", "response_schema"}
+    assert pending["value"]["action_requests"][0]["name"] == "lookup"
+    last_values = _of(parts, "values")[-1]
+    assert last_values["__interrupt__"] == [pending]
+
+
+async def test_a_failing_run_ends_its_stream_with_an_error_part(make_runtime):
+    rt = await make_runtime({"agent": create_agent(ScriptedModel([ValueError("boom")]))})
+    _, parts = await _stream(rt, ["values", "updates"])
+    assert parts[-1].event == "error"
+    assert parts[-1].data == {"error": "ValueError", "message": "boom"}
+    assert [p.event for p in parts] == ["metadata", "values", "error"]
+
+
+# -- subgraphs ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def nested(make_runtime):
+    researcher = create_agent(ScriptedModel(["deep research result"], loop=True), name="researcher")
+
+    @tool
+    async def research(topic: str) -> str:
+        """Ask the researcher."""
+        state = await researcher.ainvoke(f"research {topic}")
+        return state["messages"][-1].text
+
+    def reply(request):
+        if isinstance(request.messages[-1], ToolMessage):
+            return f"boss says: {request.messages[-1].text}"
+        return {"tool_calls": [{"name": "research", "args": {"topic": "x"}, "id": "call_r"}]}
+
+    boss = create_agent(ScriptedModel([reply], loop=True), [research], name="boss")
+    return await make_runtime({"boss": boss})
+
+
+async def test_subgraph_parts_are_named_mode_pipe_namespace(nested):
+    tid, parts = await _stream(nested, ["updates", "messages-tuple", "values"], assistant="boss",
+                               stream_subgraphs=True)
+    names = {p.event for p in parts}
+    assert "updates|researcher:call_r" in names
+    assert "messages|researcher:call_r" in names
+    assert "values|researcher:call_r" in names
+    nested_update = next(p.data for p in parts if p.event == "updates|researcher:call_r")
+    assert nested_update["model"]["messages"][0]["content"] == "deep research result"
+    root_updates = _of(parts, "updates")
+    assert [list(u) for u in root_updates] == [["model"], ["tools"], ["model"]]
+    assert contents(_of(parts, "values")[-1])[-1] == "boss says: deep research result"
+    # the nested agent's messages are not in the parent's state
+    assert "research x" not in contents((await nested.threads.get_state(tid))["values"])
+
+
+async def test_without_subgraphs_nested_parts_are_left_out(nested):
+    _, parts = await _stream(nested, ["updates", "messages-tuple"], assistant="boss")
+    assert all("|" not in p.event for p in parts)
+
+
+async def test_lifecycle_reports_the_subagent_with_its_cause(nested):
+    _, parts = await _stream(nested, "lifecycle", assistant="boss")  # reported even without subgraphs
+    assert [p.event for p in parts[1:]] == ["lifecycle", "lifecycle|researcher:call_r",
+                                            "lifecycle|researcher:call_r", "lifecycle"]
+    events = [(p.data["event"], p.data["graph_name"], p.data["namespace"]) for p in parts[1:]]
+    assert events == [("started", "boss", []), ("started", "researcher", ["researcher:call_r"]),
+                      ("completed", "researcher", ["researcher:call_r"]), ("completed", "boss", [])]
+    assert parts[2].data["cause"] == {"type": "toolCall", "tool_call_id": "call_r"}
+    assert "cause" not in parts[1].data
+
+
+# -- joining a stream -------------------------------------------------------------------------------------------
+
+
+async def test_join_stream_replays_a_resumable_run_from_the_start(trt):
+    thread = await trt.threads.create()
+    tid = thread["thread_id"]
+    live = [p async for p in trt.runs.stream(tid, "agent", input=user("q"), stream_mode=["values", "updates"],
+                                             stream_resumable=True)]
+    run_id = live[0].data["run_id"]
+    ids = [int(p.id) for p in live[1:]]
+    assert ids == sorted(ids) and all(p.id is not None for p in live[1:])
+    replay = [p async for p in trt.runs.join_stream(tid, run_id)]
+    assert replay == live[1:]  # everything but the metadata part, with the same ids
+    # Last-Event-ID: only what came after it
+    cut = live[4].id
+    after = [p async for p in trt.runs.join_stream(tid, run_id, last_event_id=cut)]
+    assert after == [p for p in live[1:] if int(p.id) > int(cut)]
+    assert after and all(int(p.id) > int(cut) for p in after)
+    # the stream_mode filter
+    only_values = [p async for p in trt.runs.join_stream(tid, run_id, stream_mode="values")]
+    assert only_values == [p for p in live[1:] if p.event == "values"]
+
+
+async def test_join_stream_of_a_finished_run_that_was_not_resumable_is_empty(trt):
+    thread = await trt.threads.create()
+    run = await trt.runs.create(thread["thread_id"], "agent", input=user("q"))
+    await trt.runs.join(thread["thread_id"], run["run_id"])
+    assert [p async for p in trt.runs.join_stream(thread["thread_id"], run["run_id"])] == []
+
+
+async def test_join_stream_follows_a_running_run_to_its_end(make_runtime):
+    rt = await make_runtime({"agent": create_agent(ScriptedModel([tool_loop(3)], loop=True, latency=0.03),
+                                                  [lookup_step()])})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    run = await rt.runs.create(tid, "agent", input=user("go"), stream_mode=["values", "updates"])
+    await eventually(lambda: run_status_is(rt, tid, run["run_id"], "running"))
+    parts = [p async for p in rt.runs.join_stream(tid, run["run_id"])]
+    assert parts, "a live join sees the rest of the run"
+    assert parts[-1].event == "values"
+    assert contents(parts[-1].data)[-1] == "done after 3 steps"
+    assert parts[-1].data == (await rt.threads.get_state(tid))["values"]
+
+
+async def test_two_live_readers_see_the_same_parts(make_runtime):
+    rt = await make_runtime({"agent": echo_agent(latency=0.05)})
+    thread = await rt.threads.create()
+    tid = thread["thread_id"]
+    run = await rt.runs.create(tid, "agent", input=user("hi"), stream_mode="updates", stream_resumable=True)
+
+    async def read():
+        return [p async for p in rt.runs.join_stream(tid, run["run_id"])]
+
+    a, b = await asyncio.gather(read(), read())
+    assert a == b and [list(p.data) for p in a] == [["model"]]
+
+
+def lookup_step():
+    @tool
+    async def step(i: int) -> str:
+        """One step."""
+        return f"step {i} ok"
+
+    return step
