@@ -1,0 +1,54 @@
+"""Peer code shared by the benchmarks: scripted LangChain chat models (imported only when needed).
+
+``step_overhead.py``'s ``_langchain_kit`` has a cursor-driven model (one agent at a time).
+Many agents sharing one model at once need a reply that depends on the request, not on a
+shared cursor: :func:`reply_chat_model` builds such a model, with simulated latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["reply_chat_model"]
+
+
+@functools.cache
+def _reply_model_class() -> type:
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    class ReplyChatModel(BaseChatModel):
+        """Sleeps ``latency`` seconds, then answers with ``reply(messages)`` (an ``AIMessage``)."""
+
+        reply: Any
+        latency: float = 0.0
+
+        @property
+        def _llm_type(self) -> str:
+            return "scripted-reply"
+
+        def _result(self, messages: Sequence[Any]) -> ChatResult:
+            return ChatResult(generations=[ChatGeneration(message=self.reply(messages))])
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None,
+                      **kwargs: Any) -> ChatResult:
+            raise NotImplementedError("this scripted model is async only")
+
+        async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None,
+                             **kwargs: Any) -> ChatResult:
+            if self.latency:
+                await asyncio.sleep(self.latency)
+            return self._result(messages)
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+    return ReplyChatModel
+
+
+def reply_chat_model(reply: Callable[[Sequence[Any]], Any], latency: float = 0.0) -> Any:
+    """A LangChain chat model whose reply is ``reply(messages)``, after ``latency`` seconds."""
+    return _reply_model_class()(reply=reply, latency=latency)
