@@ -1,0 +1,373 @@
+"""Completion notifications: format, truncation, secrecy, once-only delivery, busy/idle/wait parents, crashes."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from subagent_helpers import (
+    NOTE_RE,
+    SUBPROCESS_SCRIPT,
+    call,
+    crash_supervisor,
+    is_note,
+    last_is_note,
+    messages_of,
+    notes,
+    policy,
+    quiet,
+    relay_supervisor,
+    settled,
+    start,
+    text,
+    values_of,
+    wait_until,
+)
+
+from backchannel import HumanMessage, ScriptedModel, ToolMessage, ToolRuntime, create_agent, interrupt, tool
+from backchannel.deep_agent import create_deep_agent
+from backchannel.notifier import SUMMARY_LIMIT, CompletionNotifier, format_notification, notification_message
+from backchannel.runtime import LocalRuntime
+from backchannel.subagents import SubAgent
+
+TESTS_DIR = Path(__file__).parent
+
+
+def researcher(model, **kwargs):
+    return SubAgent("researcher", "Researches things.", background=True, model=model, **kwargs)
+
+
+def supervisor_with(*subagents, model=None, **kwargs):
+    return create_deep_agent(model or relay_supervisor(), subagents=list(subagents), general_purpose=False,
+                             **kwargs)
+
+
+async def task_id_of(rt, thread_id, subagent="researcher"):
+    tracked = (await values_of(rt, thread_id))["async_tasks"]
+    return next(tid for tid, t in tracked.items() if t["subagent"] == subagent)
+
+
+async def wait_for_notes(rt, thread_id, count=1, task_id=None, timeout=5.0):
+    async def check():
+        found = notes(await messages_of(rt, thread_id), task_id)
+        return found if len(found) >= count else None
+
+    return await wait_until(check, timeout, what=f"{count} notification(s) on {thread_id}")
+
+
+# -- the message ---------------------------------------------------------------------------------------
+
+
+def test_notification_text_per_outcome():
+    assert format_notification("t-1", "researcher", "success", "42") == \
+        "[task_id=t-1][subagent=researcher] Completed. Result: 42"
+    assert format_notification("t-1", "researcher", "error", "it failed") == \
+        "[task_id=t-1][subagent=researcher] Error: it failed"
+    assert format_notification("t-1", "researcher", "timeout", "too slow") == \
+        "[task_id=t-1][subagent=researcher] Error: too slow"
+    assert format_notification("t-1", "researcher", "waiting", "which city?") == \
+        "[task_id=t-1][subagent=researcher] Waiting for input: which city?"
+
+
+def test_long_results_are_cut_at_500_characters_with_a_check_hint():
+    exact = "x" * SUMMARY_LIMIT
+    assert format_notification("t-1", "r", "success", exact).endswith("Result: " + exact)
+    long = "".join(str(i % 10) for i in range(SUMMARY_LIMIT + 300))
+    cut = format_notification("t-1", "r", "success", long)
+    detail = NOTE_RE.match(cut)["detail"]
+    assert detail.startswith(long[:SUMMARY_LIMIT]) and long[:SUMMARY_LIMIT + 1] not in detail
+    assert 'check_async_task(task_id="t-1")' in detail
+    # Error and waiting details are not summaries: never cut or hinted.
+    assert "check_async_task" not in format_notification("t-1", "r", "error", long)
+
+
+def test_notification_message_is_a_user_message_with_a_structured_marker_and_stable_id():
+    message = notification_message("t-1", "researcher", "success", "42", "run-9")
+    assert isinstance(message, HumanMessage)
+    assert message.additional_kwargs == {"task_notification": {"task_id": "t-1", "subagent": "researcher",
+                                                               "status": "success", "run_id": "run-9"}}
+    again = notification_message("t-1", "researcher", "success", "42", "run-9")
+    assert again.id == message.id  # a redelivered copy replaces itself in the messages
+    assert notification_message("t-1", "researcher", "success", "42", "run-10").id != message.id
+
+
+# -- end to end: format, marker, truncation, secrecy --------------------------------------------------------
+
+
+async def test_idle_parent_is_woken_and_tells_the_user_unprompted():
+    model = relay_supervisor()
+    model.record = True
+    agent = supervisor_with(researcher(ScriptedModel(["The answer is 42."], latency=0.1)), model=model)
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        state = await agent.ainvoke("research please", thread_id="t1")
+        assert state["messages"][-1].text == "Started the background work; I'll report back."
+        assert notes(state["messages"]) == []  # the first run ended while the task ran
+        task_id = await task_id_of(rt, "t1")
+        [note] = await wait_for_notes(rt, "t1")
+        runs = await settled(rt, "t1", 2)
+        child_run = (await rt.runs.list(task_id))[0]
+
+    expected = f"[task_id={task_id}][subagent=researcher] Completed. Result: The answer is 42."
+    assert text(note) == expected
+    assert note["additional_kwargs"]["task_notification"] == {
+        "task_id": task_id, "subagent": "researcher", "status": "success", "run_id": child_run["run_id"]}
+    assert len(runs) == 2  # the wake run
+    # The wake run's model call saw the notification and told the user without being asked.
+    wake_request = model.requests[-1]
+    assert last_is_note(wake_request) and wake_request.messages[-1].text == expected
+
+
+async def test_notification_lands_in_the_parent_thread_once_with_the_relay_after_it():
+    agent = supervisor_with(researcher(ScriptedModel(["The answer is 42."], latency=0.05)))
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        await agent.ainvoke("research please", thread_id="t1")
+        task_id = await task_id_of(rt, "t1")
+        await wait_for_notes(rt, "t1")
+        await settled(rt, "t1", 2)
+        await asyncio.sleep(0.2)
+        messages = await messages_of(rt, "t1")
+        # Delivering the same key again changes nothing.
+        child_run = (await rt.runs.list(task_id))[0]["run_id"]
+        again = notification_message(task_id, "researcher", "success", "The answer is 42.", child_run)
+        assert await rt.deliver("t1", again, key=f"{task_id}:{child_run}") is False
+        await asyncio.sleep(0.1)
+        assert len(await rt.runs.list("t1")) == 2
+        assert await messages_of(rt, "t1") == messages
+    kinds = [(m["type"], is_note(m)) for m in messages]
+    assert kinds == [("human", False), ("ai", False), ("tool", False), ("ai", False), ("human", True),
+                     ("ai", False)]
+    assert text(messages[-1]) == f"Relay: {text(messages[-2])}"
+
+
+async def test_long_result_is_truncated_in_the_notification_but_complete_in_check():
+    long_answer = "".join(f"fact {i}. " for i in range(150))
+    assert len(long_answer) > SUMMARY_LIMIT
+    agent = supervisor_with(researcher(ScriptedModel([long_answer])))
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        await agent.ainvoke("research please", thread_id="t1")
+        task_id = await task_id_of(rt, "t1")
+        [note] = await wait_for_notes(rt, "t1")
+    match = NOTE_RE.match(text(note))
+    assert match["kind"] == "Completed. Result: "
+    assert match["detail"].startswith(long_answer[:SUMMARY_LIMIT])
+    assert long_answer[:SUMMARY_LIMIT + 1] not in match["detail"]
+    assert f'check_async_task(task_id="{task_id}")' in match["detail"]
+    assert len(text(note)) < SUMMARY_LIMIT + 200
+
+
+async def test_error_notification_is_generic_and_never_leaks_the_exception():
+    model = relay_supervisor()
+    model.record = True
+    agent = supervisor_with(researcher(ScriptedModel([RuntimeError("secret-db-password")])), model=model)
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        await agent.ainvoke("research please", thread_id="t1")
+        task_id = await task_id_of(rt, "t1")
+        [note] = await wait_for_notes(rt, "t1")
+        await settled(rt, "t1", 2)
+        child_run = (await rt.runs.list(task_id))[0]
+        assert child_run["status"] == "error"
+        # check_async_task is generic too.
+        check = create_deep_agent(
+            ScriptedModel([{"tool_calls": [call("check_async_task", {"task_id": task_id}, "c1")]}, "ok"]),
+            subagents=[researcher(ScriptedModel([]))], general_purpose=False)
+        rt.register("checker", check)
+        await rt.runs.wait("t1", "checker", input={"messages": [{"role": "user", "content": "check"}]})
+        values = await values_of(rt, "t1")
+    match = NOTE_RE.match(text(note))
+    assert match["kind"] == "Error: " and match["detail"].strip()
+    assert note["additional_kwargs"]["task_notification"]["status"] == "error"
+    assert "secret" not in json.dumps(values)
+    assert json.loads(text(values["messages"][-2]))["status"] == "error"
+    for request in model.requests:
+        assert not any("secret" in m.text for m in request.messages)
+
+
+async def test_waiting_task_notifies_with_its_question_and_a_waiting_status():
+    @tool
+    def ask_city() -> str:
+        """Ask which city."""
+        return interrupt("which city?")
+
+    sub = ScriptedModel([{"tool_calls": [call("ask_city", {}, "a1")]}, lambda r: f"Sunny in {r.messages[-1].text}"])
+    agent = supervisor_with(researcher(sub, tools=[ask_city]))
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        await agent.ainvoke("research please", thread_id="t1")
+        task_id = await task_id_of(rt, "t1")
+        [note] = await wait_for_notes(rt, "t1")
+        await quiet(rt, "t1")
+        tracked = (await values_of(rt, "t1"))["async_tasks"][task_id]
+    assert text(note) == f"[task_id={task_id}][subagent=researcher] Waiting for input: which city?"
+    assert note["additional_kwargs"]["task_notification"]["status"] == "waiting"
+    assert tracked["status"] == "waiting"
+
+
+# -- who gets notified, and how ------------------------------------------------------------------------
+
+
+async def test_without_a_parent_context_nothing_is_sent():
+    worker = create_agent(ScriptedModel(["done"], loop=True), middleware=[CompletionNotifier()], name="worker")
+    async with LocalRuntime("memory", agents={"worker": worker}) as rt:
+        state = await worker.ainvoke("work", thread_id="w1")
+        assert state["messages"][-1].text == "done"
+        # A task id alone, or a parent alone, is not a parent context either.
+        await worker.ainvoke({"messages": [("user", "work")], "task_id": "w2"}, thread_id="w2")
+        await worker.ainvoke({"messages": [("user", "work")], "parent_thread_id": "w1"}, thread_id="w3")
+        await asyncio.sleep(0.1)
+        assert sorted(t["thread_id"] for t in await rt.threads.search()) == ["w1", "w2", "w3"]
+        assert len(await rt.runs.list("w1")) == 1  # w3's "parent" was not woken
+        assert [m["type"] for m in await messages_of(rt, "w1")] == ["human", "ai"]
+        assert await rt.storage.threads_with_mail() == []
+    # Without a runtime at all, the notifier is a no-op too.
+    state = await worker.ainvoke({"messages": [("user", "x")], "task_id": "t", "parent_thread_id": "p"})
+    assert state["messages"][-1].text == "done"
+
+
+async def test_busy_parent_gets_the_notification_before_its_next_model_call():
+    @tool
+    async def think(runtime: ToolRuntime) -> str:
+        """Think for a moment."""
+        # Long enough for the (fast) task to have finished and notified.
+        rt = runtime.ctx.runtime
+        [task] = runtime.state["async_tasks"].values()
+        await wait_until(lambda: _run_finished(rt, task), what="the task to finish")
+        return "thought"
+
+    def boss(request):
+        last = request.messages[-1]
+        if last_is_note(request):
+            return "final: " + last.text
+        if isinstance(last, HumanMessage):
+            return {"tool_calls": [start("researcher", "quick job", "s1")]}
+        if isinstance(last, ToolMessage) and last.name == "start_async_task":
+            return {"tool_calls": [call("think", {}, "k1")]}
+        return "no notification yet"
+
+    model = policy(boss, latency=0.05)  # the supervisor is slow; its task is fast
+    model.record = True
+    agent = supervisor_with(researcher(ScriptedModel(["quick result"]), tools=[]), model=model, tools=[think])
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        state = await agent.ainvoke("go", thread_id="t1")
+        await asyncio.sleep(0.2)
+        runs = await rt.runs.list("t1")
+        messages = await messages_of(rt, "t1")
+    task_id = next(iter(state["async_tasks"]))
+    assert len(runs) == 1, "the notification should have joined the running run, not woken a new one"
+    assert [m.type for m in state["messages"]] == ["human", "ai", "tool", "ai", "tool", "human", "ai"]
+    expected = f"[task_id={task_id}][subagent=researcher] Completed. Result: quick result"
+    assert state["messages"][-1].text == f"final: {expected}"
+    assert last_is_note(model.requests[2])
+    assert len(notes(messages)) == 1
+    assert state["async_tasks"][task_id]["status"] == "success"
+
+
+async def _run_finished(rt, task):
+    return (await rt.runs.get(task["task_id"], task["run_id"]))["status"] == "success"
+
+
+async def test_wait_mode_keeps_the_parents_run_going_until_every_task_reported():
+    def boss(request):
+        last = request.messages[-1]
+        if last_is_note(request):
+            seen = len([m for m in request.messages if is_note(m)])
+            return f"have {seen} of 2 results"
+        if isinstance(last, HumanMessage):
+            return {"tool_calls": [start("researcher", "a", "s1"), start("analyst", "b", "s2")]}
+        return "started both"
+
+    agent = create_deep_agent(
+        policy(boss),
+        subagents=[researcher(ScriptedModel(["research done"], latency=0.05)),
+                   SubAgent("analyst", "Analyses.", background=True, model=ScriptedModel(["analysis done"],
+                                                                                          latency=0.25))],
+        general_purpose=False, completion="wait")
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        began = time.monotonic()
+        state = await agent.ainvoke("go", thread_id="t1")
+        elapsed = time.monotonic() - began
+        await asyncio.sleep(0.1)
+        runs = await rt.runs.list("t1")
+    assert 0.25 <= elapsed < 0.9, elapsed  # waited for the slow task, and didn't poll for a second
+    assert len(runs) == 1
+    got = [(m.type, m.text.split("]")[1] + "]" if is_note(m) else m.text) for m in state["messages"][4:]]
+    assert got == [("ai", "started both"), ("human", "[subagent=researcher]"), ("ai", "have 1 of 2 results"),
+                   ("human", "[subagent=analyst]"), ("ai", "have 2 of 2 results")]
+    assert {t["status"] for t in state["async_tasks"].values()} == {"success"}
+
+
+async def test_wait_mode_ends_at_once_when_nothing_is_pending():
+    agent = create_deep_agent(ScriptedModel(["nothing to wait for"]), subagents=[researcher(ScriptedModel([]))],
+                              general_purpose=False, completion="wait")
+    async with LocalRuntime("memory", agents={"supervisor": agent}):
+        began = time.monotonic()
+        state = await agent.ainvoke("hi", thread_id="t1")
+    assert time.monotonic() - began < 0.5
+    assert state["messages"][-1].text == "nothing to wait for"
+
+
+async def test_each_task_run_notifies_exactly_once_even_with_many_tasks():
+    starts = [start("researcher", f"job {i}", f"s{i}") for i in range(4)]
+    agent = supervisor_with(researcher(ScriptedModel(["r"], loop=True, latency=0.02)),
+                            model=relay_supervisor(starts))
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        await agent.ainvoke("go", thread_id="t1")
+        await wait_for_notes(rt, "t1", 4)
+        await quiet(rt, "t1")
+        await asyncio.sleep(0.2)
+        await quiet(rt, "t1")
+        found = notes(await messages_of(rt, "t1"))
+        tracked = (await values_of(rt, "t1"))["async_tasks"]
+    ids = [n["additional_kwargs"]["task_notification"]["task_id"] for n in found]
+    assert sorted(ids) == sorted(tracked) and len(set(ids)) == 4
+    assert {t["status"] for t in tracked.values()} == {"success"}
+
+
+# -- a crash between the subagent's end and the parent's notification ----------------------------------------
+
+
+@pytest.mark.parametrize("kill_point", ["before_delivery", "after_store"])
+async def test_crash_before_the_parent_is_told_still_notifies_exactly_once(tmp_path, kill_point):
+    db = tmp_path / "state.db"
+    marker = tmp_path / "marker"
+    script = tmp_path / "supervisor_process.py"
+    script.write_text(SUBPROCESS_SCRIPT.format(tests_dir=str(TESTS_DIR)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, str(script), str(db), str(marker), kill_point], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 15
+        while not marker.exists():
+            if process.poll() is not None:
+                raise AssertionError(f"the supervisor process died early: {process.stderr.read().decode()}")
+            if time.monotonic() > deadline:
+                raise AssertionError("the subagent never finished in the supervisor process")
+            await asyncio.sleep(0.02)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()  # reap it, so the restarted runtime sees it is gone
+    assert process.returncode == -signal.SIGKILL
+
+    agent = crash_supervisor()
+    async with LocalRuntime(f"sqlite:///{db}", agents={"supervisor": agent}) as rt:
+        task_id = await task_id_of(rt, "parent")
+        [note] = await wait_for_notes(rt, "parent")
+        await settled(rt, "parent", 2)
+        await asyncio.sleep(0.3)  # room for a duplicate to show up
+        messages = await messages_of(rt, "parent")
+        parent_runs = await rt.runs.list("parent")
+        child_runs = await rt.runs.list(task_id)
+        tracked = (await values_of(rt, "parent"))["async_tasks"][task_id]
+
+    assert text(note) == f"[task_id={task_id}][subagent=researcher] Completed. Result: The answer is 42."
+    assert len(notes(messages)) == 1
+    position = next(i for i, m in enumerate(messages) if is_note(m))
+    replies_after = [m for m in messages[position + 1:] if m["type"] == "ai"]
+    assert [text(m) for m in replies_after] == [f"Relay: {text(note)}"]
+    assert len(parent_runs) == 2 and all(r["status"] == "success" for r in parent_runs)
+    assert [r["status"] for r in child_runs] == ["success"]  # the same run, finished after the restart
+    assert note["additional_kwargs"]["task_notification"]["run_id"] == child_runs[0]["run_id"]
+    assert tracked["status"] == "success"
