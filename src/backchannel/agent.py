@@ -28,7 +28,7 @@ from backchannel.middleware import HOOKS, JUMPS, Middleware, ModelHandler, ToolC
 from backchannel.models import init_model
 from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, TextDelta, ToolCallDelta
 from backchannel.streaming import AgentStream
-from backchannel.state import MessageList, Reducer, apply_update, reducers_of
+from backchannel.state import MessageList, Reducer, apply_update, reducers_of, snapshot
 from backchannel.tools import Tool, ToolArgumentsError, ToolError, ToolResult, ToolRuntime, as_tool
 
 __all__ = ["Agent", "RunResult", "create_agent"]
@@ -266,7 +266,7 @@ class Agent:
         if bus is not None and bus.listeners:
             ctx.emit("updates", {node: update})
             if bus.wants_values:
-                ctx.emit("values", {k: list(v) if isinstance(v, list) else v for k, v in state.items()})
+                ctx.emit("values", snapshot(state))
         if ctx.recorder is not None:
             await ctx.recorder.step(node, update, next_stage)
 

@@ -112,13 +112,12 @@ class AsyncSubAgentMiddleware(Middleware):
         if spec.url is not None:
             raise ToolError(f"subagent {spec.name!r} is served at {spec.url}; remote subagents are not "
                             "available in this version")
-        parent = await rt.threads.get(ctx.thread_id)
         thread = await rt.threads.create(metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
                                                    "tool_call_id": runtime.tool_call_id})
         task_id = thread["thread_id"]
         run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id, input={
             "messages": [HumanMessage(description)], "task_id": task_id, "parent_thread_id": ctx.thread_id,
-            "parent_assistant_id": parent["metadata"].get("graph_id")})
+            "parent_assistant_id": ctx.metadata.get("graph_id")})
         now = now_iso()
         task = {"task_id": task_id, "subagent": spec.name, "description": description, "status": "pending",
                 "run_id": run["run_id"], "tool_call_id": runtime.tool_call_id, "created_at": now, "updated_at": now}

@@ -13,15 +13,20 @@ __all__ = ["dumps", "to_jsonable"]
 _MESSAGE_TYPES = (SystemMessage, HumanMessage, AIMessage, ToolMessage)
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def to_jsonable(value: Any) -> Any:
     """``value`` with messages, dataclasses and pydantic models turned into plain dicts."""
+    if isinstance(value, _SCALARS):
+        return value
     if isinstance(value, _MESSAGE_TYPES):
-        return message_to_dict(value)
+        return message_to_dict(value)  # already plain: its parts need no further conversion
     if isinstance(value, dict):
         return {k: to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
-    return _default(value) if not isinstance(value, (str, int, float, bool, type(None))) else value
+    return _default(value)
 
 
 def _default(value: Any) -> Any:

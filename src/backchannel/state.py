@@ -13,7 +13,7 @@ from typing import Any
 
 from backchannel.messages import REMOVE_ALL_MESSAGES, AnyMessage, RemoveMessage, messages_from_input
 
-__all__ = ["MessageList", "Reducer", "add_messages", "apply_update", "reducers_of"]
+__all__ = ["MessageList", "Reducer", "add_messages", "apply_update", "reducers_of", "snapshot"]
 
 Reducer = Callable[[Any, Any], Any]
 
@@ -76,6 +76,11 @@ def reducers_of(schema: type | None) -> dict[str, Reducer]:
                 if callable(meta):
                     reducers[key] = meta
     return reducers
+
+
+def snapshot(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the state that later steps won't change (lists copied; messages are never mutated)."""
+    return {k: list(v) if isinstance(v, list) else v for k, v in state.items()}
 
 
 def apply_update(state: dict[str, Any], update: Mapping[str, Any], reducers: Mapping[str, Reducer]) -> None:

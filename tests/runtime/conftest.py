@@ -10,13 +10,17 @@ from runtime_helpers import echo_agent
 from backchannel.runtime import LocalRuntime
 
 
-@pytest.fixture
-async def make_runtime():
-    """``await make_runtime(agents, store=..., **kw)``: an open LocalRuntime, closed after the test."""
-    opened: list[LocalRuntime] = []
+@pytest.fixture(params=["memory", "sqlite"])
+async def make_runtime(request, tmp_path):
+    """``await make_runtime(agents, store=..., **kw)``: an open LocalRuntime, closed after the test.
 
-    async def make(agents: dict[str, Any], store: Any = "memory", **kwargs: Any) -> LocalRuntime:
-        rt = LocalRuntime(store=store, agents=agents, **kwargs)
+    Without ``store``, each test runs on both backends: memory and a SQLite file.
+    """
+    opened: list[LocalRuntime] = []
+    default = "memory" if request.param == "memory" else f"sqlite:///{tmp_path}/default.db"
+
+    async def make(agents: dict[str, Any], store: Any = None, **kwargs: Any) -> LocalRuntime:
+        rt = LocalRuntime(store=store or default, agents=agents, **kwargs)
         await rt.open()
         opened.append(rt)
         return rt

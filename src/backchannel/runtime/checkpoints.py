@@ -9,7 +9,6 @@ used threads is kept in memory, so a run never refolds a thread it just wrote.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,17 +17,12 @@ from typing import Any
 from backchannel.events import Event, EventBus
 from backchannel.messages import new_id
 from backchannel.runtime.storage import CheckpointRow, Storage, now_iso
-from backchannel.serde import dumps, to_jsonable
+from backchannel.serde import to_jsonable
 from backchannel.state import MessageList, Reducer, apply_update
 
-__all__ = ["Checkpointer", "Recorder", "ThreadState", "decode_update"]
+__all__ = ["Checkpointer", "Recorder", "ThreadState"]
 
 _CACHE_SIZE = 512
-
-
-def decode_update(delta: str) -> dict[str, Any]:
-    """A recorded delta back as a state update (messages stay dicts; the reducer reads them)."""
-    return json.loads(delta)
 
 
 @dataclass(slots=True)
@@ -78,7 +72,7 @@ class Checkpointer:
             raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
         values = empty_state()
         for row in chain:
-            apply_update(values, decode_update(row.delta), reducers)
+            apply_update(values, row.delta, reducers)
         return ThreadState(values, chain[-1])
 
     def _remember(self, thread_id: str, state: ThreadState) -> None:
@@ -104,7 +98,7 @@ class Checkpointer:
             seq = max(seq, newest.seq + 1) if newest is not None else seq
         row = CheckpointRow(
             thread_id, new_id(), state.head.checkpoint_id if state.head else None, seq, run_id,
-            dumps(update), next_stage, {"source": source, "step": step}, now_iso())
+            update, next_stage, {"source": source, "step": step}, now_iso())
         await self.storage.put_checkpoint(row)
         state.head = row
         self._remember(thread_id, state)
@@ -146,7 +140,7 @@ class Recorder:
 
     async def pending(self, tool_call_id: str, update: Mapping[str, Any]) -> None:
         self._pending = True
-        await self.checkpointer.storage.put_pending_write(self.thread_id, tool_call_id, dumps(update))
+        await self.checkpointer.storage.put_pending_write(self.thread_id, tool_call_id, update)
 
 
 def _checkpoint_payload(row: CheckpointRow, parent: CheckpointRow | None, values: Mapping[str, Any]) -> dict[str, Any]:

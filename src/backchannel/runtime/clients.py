@@ -85,7 +85,7 @@ class ThreadsClient:
             if (if_exists or "raise") == "do_nothing":
                 return await self.get(thread_id)
             raise ConflictError(f"Thread with ID {thread_id} already exists")
-        return await self._render(row)
+        return await self._render(row, new=True)
 
     async def get(self, thread_id: str, **_: Any) -> dict[str, Any]:
         return await self._render(await self._row(thread_id))
@@ -199,14 +199,13 @@ class ThreadsClient:
             return await self._rt.checkpoints.at(row.thread_id, checkpoint_id, reducers)
         return await self._rt.checkpoints.latest(row.thread_id, reducers)
 
-    async def _render(self, row: ThreadRow) -> dict[str, Any]:
-        state = await self._state(row)
-        values = to_jsonable(state.values) if state.head is not None else None
-        thread = {"thread_id": row.thread_id, "created_at": row.created_at, "updated_at": row.updated_at,
-                  "state_updated_at": state.head.created_at if state.head else row.updated_at,
-                  "metadata": row.metadata, "status": row.status, "config": {}, "values": values,
-                  "interrupts": _interrupts_by_task(row), "error": row.error}
-        return thread
+    async def _render(self, row: ThreadRow, *, new: bool = False) -> dict[str, Any]:
+        state = None if new else await self._state(row)  # a new thread has no state to read
+        head = state.head if state is not None else None
+        return {"thread_id": row.thread_id, "created_at": row.created_at, "updated_at": row.updated_at,
+                "state_updated_at": head.created_at if head else row.updated_at, "metadata": row.metadata,
+                "status": row.status, "config": {}, "values": to_jsonable(state.values) if head else None,
+                "interrupts": _interrupts_by_task(row), "error": row.error}
 
     def _checkpoint_metadata(self, row: ThreadRow, checkpoint: CheckpointRow) -> dict[str, Any]:
         meta = {**row.metadata, **checkpoint.metadata, "thread_id": row.thread_id, "parents": {}}
@@ -371,7 +370,7 @@ class RunsClient:
             if thread is None:
                 return {}
             if stream is not None and stream.final_values is not None:
-                result = dict(stream.final_values)  # this run's own end state, whatever queued run came next
+                result = to_jsonable(stream.final_values)  # this run's own end state, whatever queued run came next
             else:
                 state = await self._rt.threads._state(thread)
                 result = to_jsonable(state.values)

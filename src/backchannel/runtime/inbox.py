@@ -9,10 +9,9 @@ is idle wakes it with a new run.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 
-from backchannel.messages import AnyMessage, message_from_dict
+from backchannel.messages import AnyMessage
 from backchannel.runtime.storage import Storage
 
 __all__ = ["ThreadInbox"]
@@ -21,10 +20,10 @@ __all__ = ["ThreadInbox"]
 class ThreadInbox:
     """The :class:`~backchannel.context.Inbox` of one active run."""
 
-    def __init__(self, storage: Storage, thread_id: str, waiting: Sequence[tuple[str, str]] = ()) -> None:
+    def __init__(self, storage: Storage, thread_id: str, waiting: Sequence[tuple[str, AnyMessage]] = ()) -> None:
         self.storage = storage
         self.thread_id = thread_id
-        self._messages: dict[str, AnyMessage] = {k: message_from_dict(json.loads(m)) for k, m in waiting}
+        self._messages: dict[str, AnyMessage] = dict(waiting)
         self._arrived = asyncio.Event()
         if self._messages:
             self._arrived.set()

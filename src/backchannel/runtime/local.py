@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import os
 import socket
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -29,7 +29,6 @@ from backchannel.events import EventBus
 from backchannel.messages import (
     AnyMessage,
     ToolMessage,
-    message_from_dict,
     messages_from_input,
     new_id,
     pending_tool_calls,
@@ -40,7 +39,7 @@ from backchannel.runtime.inbox import ThreadInbox
 from backchannel.runtime.modes import wants_values
 from backchannel.runtime.storage import RunRow, Storage, ThreadRow, now_iso, open_storage
 from backchannel.runtime.streams import RunStream
-from backchannel.serde import dumps, to_jsonable
+from backchannel.state import snapshot
 from backchannel.state import Reducer
 
 __all__ = ["DEFAULT_STORE", "LocalRuntime", "assistant_id_for"]
@@ -86,6 +85,7 @@ class LocalRuntime:
             self._register_subagents(agent)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._streams: dict[str, RunStream] = {}
+        self._finished: deque[str] = deque()  # ids of finished runs whose streams are kept, oldest first
         self._inboxes: dict[str, ThreadInbox] = {}
         self._contexts: dict[str, contextvars.Context] = {}
         self._cancel_actions: dict[str, str] = {}
@@ -226,10 +226,13 @@ class LocalRuntime:
         stream = RunStream(row.run_id, resumable=resumable,
                            values=resumable and wants_values(row.kwargs.get("stream_mode") or ()))
         self._streams[row.run_id] = stream
-        if len(self._streams) > _STREAMS_KEPT:
-            for run_id in [r for r, s in self._streams.items() if s.finished][: len(self._streams) - _STREAMS_KEPT]:
-                del self._streams[run_id]
         return stream
+
+    def _retire(self, stream: RunStream) -> None:
+        """Keep the streams of the last runs that finished, for late joiners; forget older ones."""
+        self._finished.append(stream.run_id)
+        while len(self._finished) > _STREAMS_KEPT:
+            self._streams.pop(self._finished.popleft(), None)
 
     def remember_context(self, run_id: str) -> None:
         """Run ``run_id`` in the caller's contextvars (so values set by hooks reach background runs)."""
@@ -269,6 +272,7 @@ class LocalRuntime:
         if row.kwargs.get("temporary"):
             await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
+        self._retire(stream)
         if status == "success":
             await self._wake_if_mail(row)
 
@@ -336,9 +340,7 @@ class LocalRuntime:
         await self.checkpoints.write(row.thread_id, state, update, next_stage="before_agent", source="input",
                                      run_id=row.run_id, step=step + 1, reducers=reducers)
         if stream.bus.wants_values:
-            # A snapshot: the run goes on appending to the live messages list.
-            snapshot = {k: list(v) if isinstance(v, list) else v for k, v in state.values.items()}
-            stream.publish("values", snapshot, agent=agent.graph_name, thread_id=row.thread_id)
+            stream.publish("values", snapshot(state.values), agent=agent.graph_name, thread_id=row.thread_id)
         return "before_agent", resume
 
     async def _finish(self, row: RunRow, agent: Agent, result: RunResult) -> tuple[str, dict[str, Any]]:
@@ -352,7 +354,7 @@ class LocalRuntime:
             await self.storage.update_thread(row.thread_id, status="interrupted", interrupts=interrupts,
                                              updated_at=now, error=None)
             await self.storage.update_run(row.run_id, status="interrupted", updated_at=now)
-            return "interrupted", to_jsonable(result.state)
+            return "interrupted", snapshot(result.state)
         if state.head is not None and state.head.next:
             await self.storage.set_checkpoint_next(row.thread_id, state.head.checkpoint_id, "")
             state.head.next = ""
@@ -361,7 +363,7 @@ class LocalRuntime:
         await self.storage.update_thread(row.thread_id, status=thread_status, updated_at=now, error=None,
                                          interrupts=[])
         await self.storage.update_run(row.run_id, status="success", updated_at=now)
-        return "success", to_jsonable(result.state)
+        return "success", snapshot(result.state)
 
     async def _drop_temporary(self, row: RunRow, stream: RunStream) -> None:
         """A stateless run's thread goes when the run ends; joiners get the result kept on its stream."""
@@ -419,6 +421,7 @@ class LocalRuntime:
             stream = self._streams.get(row.run_id)
             if stream is not None:
                 stream.finish("interrupted")
+                self._retire(stream)
             others = [r for r in await self.storage.active_runs(row.thread_id) if r.run_id != row.run_id]
             if not others:
                 thread = await self.storage.get_thread(row.thread_id)
@@ -449,7 +452,7 @@ class LocalRuntime:
         Returns ``False`` when a message with this key was delivered before.
         """
         await self.open()
-        if not await self.storage.put_inbox(thread_id, key, dumps(message), now_iso()):
+        if not await self.storage.put_inbox(thread_id, key, message, now_iso()):
             return False
         inbox = self._inboxes.get(thread_id)
         if inbox is not None:
@@ -534,11 +537,10 @@ def input_update(value: Any) -> dict[str, Any]:
     return {"messages": messages_from_input(value)}
 
 
-def _decode_pending(value: str) -> tuple[dict[str, Any], bool]:
-    data = json.loads(value)
-    update = data["update"]
-    update["messages"] = [message_from_dict(m) for m in update.get("messages", [])]
-    return update, bool(data["direct"])
+def _decode_pending(value: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    update = dict(value["update"])
+    update["messages"] = messages_from_input(update.get("messages", []))
+    return update, bool(value["direct"])
 
 
 def _worker_info() -> dict[str, Any]:

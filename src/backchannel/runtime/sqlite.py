@@ -1,20 +1,26 @@
-"""SQLite storage: one file in WAL mode (the embedded default), or ``:memory:`` for tests.
+"""SQLite storage: one file in WAL mode, the embedded default.
 
 Calls run inline on the event loop: SQLite answers in microseconds, far less
-than handing each call to a thread would cost. WAL lets several processes
-open the same file; ``busy_timeout`` makes a writer wait for another's lock.
+than handing each call to a thread would cost. Writes of one event-loop tick
+share a transaction (see :attr:`SQLiteStorage.writer`). WAL lets several
+processes open the same file; ``busy_timeout`` makes a writer wait for
+another's lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from backchannel.messages import AnyMessage, message_from_dict
 from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, Storage, ThreadRow
+from backchannel.serde import dumps
 
 __all__ = ["SQLiteStorage"]
 
@@ -45,6 +51,7 @@ CREATE TABLE IF NOT EXISTS items (
 CREATE TABLE IF NOT EXISTS workers (worker_id TEXT PRIMARY KEY, info TEXT NOT NULL, heartbeat_at TEXT NOT NULL);
 """
 
+_OPEN: dict[str, weakref.WeakSet[SQLiteStorage]] = {}  # this process's open storages, by file
 _SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
 _THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
 
@@ -59,12 +66,40 @@ class SQLiteStorage(Storage):
     def __init__(self, path: str) -> None:
         self.path = path if path == ":memory:" else os.path.expanduser(path)
         self._db: sqlite3.Connection | None = None
+        self._finalizer: weakref.finalize | None = None
 
     @property
     def db(self) -> sqlite3.Connection:
+        """The connection, for reads (they see this process's writes not yet committed)."""
         if self._db is None:
             raise RuntimeError("the storage is not open")
         return self._db
+
+    @property
+    def writer(self) -> sqlite3.Connection:
+        """The connection inside this tick's transaction.
+
+        Writes made in one event-loop tick share one transaction, committed at
+        the end of the tick: a commit costs more than the writes it carries. A
+        crash loses at most the writes of the tick it interrupts.
+        """
+        db = self.db
+        if not db.in_transaction:
+            # Another storage of this process on the same file would hold the write lock until its
+            # commit, which waits for this very thread: commit it first.
+            for other in _OPEN.get(self.path, ()):
+                if other is not self:
+                    other._commit()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                asyncio.get_running_loop().call_soon(self._commit)
+            except RuntimeError:  # no event loop: commit now
+                self._commit()
+        return db
+
+    def _commit(self) -> None:
+        if self._db is not None and self._db.in_transaction:
+            self._db.execute("COMMIT")
 
     async def open(self) -> None:
         if self._db is not None:
@@ -78,28 +113,35 @@ class SQLiteStorage(Storage):
             db.execute("PRAGMA synchronous = NORMAL")
         db.executescript(_SCHEMA)
         self._db = db
+        _OPEN.setdefault(self.path, weakref.WeakSet()).add(self)
+        # A program that never closes the storage still keeps its last writes.
+        self._finalizer = weakref.finalize(self, _commit_and_close, db)
 
     async def close(self) -> None:
         if self._db is not None:
-            self._db.close()
+            assert self._finalizer is not None
+            _OPEN[self.path].discard(self)
+            self._finalizer()
             self._db = None
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
+        """Statements that must apply together, within this tick's transaction."""
+        db = self.writer
+        db.execute("SAVEPOINT operation")
         try:
             yield db
         except BaseException:
-            db.execute("ROLLBACK")
+            db.execute("ROLLBACK TO operation")
+            db.execute("RELEASE operation")
             raise
-        db.execute("COMMIT")
+        db.execute("RELEASE operation")
 
     # -- threads
 
     async def create_thread(self, row: ThreadRow) -> bool:
         try:
-            self.db.execute(
+            self.writer.execute(
                 "INSERT INTO threads VALUES (?,?,?,?,?,?,?)",
                 (row.thread_id, row.created_at, row.updated_at, _dump(row.metadata), row.status,
                  _dump(row.interrupts), _dump(row.error) if row.error else None))
@@ -154,7 +196,7 @@ class SQLiteStorage(Storage):
     # -- runs
 
     async def create_run(self, row: RunRow) -> None:
-        self.db.execute(
+        self.writer.execute(
             "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
              _dump(row.metadata), _dump(row.kwargs), row.multitask_strategy, row.worker_id,
@@ -169,7 +211,7 @@ class SQLiteStorage(Storage):
         self._update("runs", "run_id", run_id, fields)
 
     async def delete_run(self, run_id: str) -> bool:
-        return bool(self.db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount)
+        return bool(self.writer.execute("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount)
 
     async def list_runs(self, thread_id: str, *, status: str | None = None, limit: int = 10,
                         offset: int = 0) -> list[RunRow]:
@@ -225,7 +267,7 @@ class SQLiteStorage(Storage):
     # -- workers
 
     async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None:
-        self.db.execute("INSERT INTO workers VALUES (?,?,?) ON CONFLICT(worker_id) DO UPDATE "
+        self.writer.execute("INSERT INTO workers VALUES (?,?,?) ON CONFLICT(worker_id) DO UPDATE "
                         "SET heartbeat_at = excluded.heartbeat_at", (worker_id, _dump(info), now))
 
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
@@ -233,13 +275,13 @@ class SQLiteStorage(Storage):
         return {w: (json.loads(info), at) for w, info, at in rows}
 
     async def forget_worker(self, worker_id: str) -> None:
-        self.db.execute("DELETE FROM workers WHERE worker_id = ?", (worker_id,))
+        self.writer.execute("DELETE FROM workers WHERE worker_id = ?", (worker_id,))
 
     # -- checkpoints
 
     async def put_checkpoint(self, row: CheckpointRow) -> None:
-        self.db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
-                        (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, row.delta,
+        self.writer.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
+                        (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, dumps(row.delta),
                          row.next, _dump(row.metadata), row.created_at))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
@@ -279,39 +321,40 @@ class SQLiteStorage(Storage):
         return chain
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
-        self.db.execute("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
+        self.writer.execute("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
                         (next, thread_id, checkpoint_id))
 
     async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
-        self.db.execute("DELETE FROM checkpoints WHERE thread_id = ? AND run_id = ?", (thread_id, run_id))
+        self.writer.execute("DELETE FROM checkpoints WHERE thread_id = ? AND run_id = ?", (thread_id, run_id))
 
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
-        self.db.execute("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
+        self.writer.execute("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
                         "metadata, created_at FROM checkpoints WHERE thread_id = ?", (new_thread_id, thread_id))
 
-    async def put_pending_write(self, thread_id: str, key: str, value: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO pending_writes VALUES (?,?,?)", (thread_id, key, value))
+    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
+        self.writer.execute("INSERT OR REPLACE INTO pending_writes VALUES (?,?,?)", (thread_id, key, dumps(value)))
 
-    async def pending_writes(self, thread_id: str) -> dict[str, str]:
+    async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
         rows = self.db.execute("SELECT key, value FROM pending_writes WHERE thread_id = ?", (thread_id,))
-        return dict(rows.fetchall())
+        return {key: json.loads(value) for key, value in rows.fetchall()}
 
     async def clear_pending_writes(self, thread_id: str) -> None:
-        self.db.execute("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
+        self.writer.execute("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
 
     # -- inbox
 
-    async def put_inbox(self, thread_id: str, key: str, message: str, now: str) -> bool:
-        cursor = self.db.execute("INSERT OR IGNORE INTO inbox VALUES (?,?,?,?,0)", (thread_id, key, message, now))
+    async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
+        cursor = self.writer.execute("INSERT OR IGNORE INTO inbox VALUES (?,?,?,?,0)",
+                                 (thread_id, key, dumps(message), now))
         return cursor.rowcount == 1
 
-    async def inbox(self, thread_id: str) -> list[tuple[str, str]]:
+    async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         rows = self.db.execute("SELECT key, message FROM inbox WHERE thread_id = ? AND delivered = 0 "
                                "ORDER BY created_at, rowid", (thread_id,))
-        return rows.fetchall()
+        return [(key, message_from_dict(json.loads(message))) for key, message in rows.fetchall()]
 
     async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
-        self.db.executemany("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key = ?",
+        self.writer.executemany("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key = ?",
                             [(thread_id, k) for k in keys])
 
     async def threads_with_mail(self) -> list[str]:
@@ -321,7 +364,7 @@ class SQLiteStorage(Storage):
     # -- items
 
     async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
-        self.db.execute("INSERT INTO items VALUES (?,?,?,?,?) ON CONFLICT(namespace, key) DO UPDATE "
+        self.writer.execute("INSERT INTO items VALUES (?,?,?,?,?) ON CONFLICT(namespace, key) DO UPDATE "
                         "SET value = excluded.value, updated_at = excluded.updated_at",
                         (_SEP.join(namespace), key, _dump(value), now, now))
 
@@ -331,7 +374,7 @@ class SQLiteStorage(Storage):
         return _item(found) if found else None
 
     async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
-        self.db.execute("DELETE FROM items WHERE namespace = ? AND key = ?", (_SEP.join(namespace), key))
+        self.writer.execute("DELETE FROM items WHERE namespace = ? AND key = ?", (_SEP.join(namespace), key))
 
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
                            limit: int = 10, offset: int = 0) -> list[ItemRow]:
@@ -366,7 +409,7 @@ class SQLiteStorage(Storage):
         columns = ", ".join(f"{name} = ?" for name in fields)
         params = [_dump(v) if name in ("metadata", "kwargs", "interrupts", "error") and v is not None else v
                   for name, v in fields.items()]
-        self.db.execute(f"UPDATE {table} SET {columns} WHERE {key} = ?", (*params, value))
+        self.writer.execute(f"UPDATE {table} SET {columns} WHERE {key} = ?", (*params, value))
 
 
 def _thread(row: tuple[Any, ...]) -> ThreadRow:
@@ -379,8 +422,39 @@ def _run(row: tuple[Any, ...]) -> RunRow:
                   row[8], row[9], row[10], json.loads(row[11]) if row[11] else None, row[12], row[13])
 
 
+def _commit_and_close(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
+        db.execute("COMMIT")
+    db.close()
+
+
+class _LazyDelta(Mapping[str, Any]):
+    """A checkpoint's delta, parsed on first use: most reads of a checkpoint never look at it."""
+
+    __slots__ = ("_text", "_data")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._data: dict[str, Any] | None = None
+
+    def _parsed(self) -> dict[str, Any]:
+        if self._data is None:
+            self._data = json.loads(self._text)
+        return self._data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._parsed()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parsed())
+
+    def __len__(self) -> int:
+        return len(self._parsed())
+
+
 def _checkpoint(row: tuple[Any, ...]) -> CheckpointRow:
-    return CheckpointRow(row[0], row[2], row[3], row[1], row[4], row[5], row[6], json.loads(row[7]), row[8])
+    return CheckpointRow(row[0], row[2], row[3], row[1], row[4], _LazyDelta(row[5]), row[6], json.loads(row[7]),
+                         row[8])
 
 
 def _item(row: tuple[Any, ...]) -> ItemRow:

@@ -1,16 +1,19 @@
 """What the runtime keeps, and the interface every storage backend implements.
 
-The runtime never speaks SQL: it calls these async methods. Rows are small
-dataclasses; JSON-able fields hold plain dicts and lists.
+The runtime never speaks SQL: it calls these async methods with Python
+objects (rows are small dataclasses; state updates and messages as they are),
+and each backend stores them its own way.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+
+from backchannel.messages import AnyMessage
 
 __all__ = ["CheckpointRow", "ItemRow", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage"]
 
@@ -58,7 +61,7 @@ class CheckpointRow:
     parent_id: str | None
     seq: int
     run_id: str | None
-    delta: str  # JSON of the state update
+    delta: Mapping[str, Any]  # the state update; messages as objects or as their dicts
     next: str  # the stage to continue at; "" when the run ended there
     metadata: dict[str, Any]
     created_at: str
@@ -186,11 +189,11 @@ class Storage(abc.ABC):
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None: ...
 
     @abc.abstractmethod
-    async def put_pending_write(self, thread_id: str, key: str, value: str) -> None:
+    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
         """Keep one finished tool call of a parallel batch until the batch is checkpointed."""
 
     @abc.abstractmethod
-    async def pending_writes(self, thread_id: str) -> dict[str, str]: ...
+    async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]: ...
 
     @abc.abstractmethod
     async def clear_pending_writes(self, thread_id: str) -> None:
@@ -198,11 +201,11 @@ class Storage(abc.ABC):
 
     # -- inbox: messages for a thread, delivered into its next model call or a new run
     @abc.abstractmethod
-    async def put_inbox(self, thread_id: str, key: str, message: str, now: str) -> bool:
+    async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
         """Queue a message for a thread once per ``key``; ``False`` if that key was seen before."""
 
     @abc.abstractmethod
-    async def inbox(self, thread_id: str) -> list[tuple[str, str]]:
+    async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         """Undelivered ``(key, message)`` pairs, oldest first."""
 
     @abc.abstractmethod
@@ -236,9 +239,13 @@ def open_storage(url: str | Storage) -> Storage:
     """A backend from a URL: ``"memory"``, ``"sqlite:///path/to/file.db"`` (``~`` expands), or a path."""
     if isinstance(url, Storage):
         return url
+    if url in ("memory", ":memory:"):
+        from backchannel.runtime.memory import MemoryStorage
+
+        return MemoryStorage()
     from backchannel.runtime.sqlite import SQLiteStorage
 
-    if url in ("memory", ":memory:", "sqlite://:memory:", "sqlite:///:memory:"):
+    if url in ("sqlite://:memory:", "sqlite:///:memory:"):
         return SQLiteStorage(":memory:")
     if url.startswith("sqlite:///"):
         return SQLiteStorage(url.removeprefix("sqlite:///"))

@@ -1,0 +1,299 @@
+"""Memory storage: everything in Python dicts, for tests and throwaway runtimes (``store="memory"``).
+
+Nothing is serialised: checkpoints keep the state updates and messages as
+they are (the runtime never mutates them after recording). Rows handed out
+are copies, so callers cannot change stored data by accident.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
+from typing import Any
+
+from backchannel.messages import AnyMessage
+from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, Storage, ThreadRow
+
+__all__ = ["MemoryStorage"]
+
+_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
+_FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in (ThreadRow, RunRow, CheckpointRow, ItemRow)}
+
+
+def _copy(row: Any) -> Any:
+    """A copy of a row (twice as fast as dataclasses.replace; rows are copied on every read)."""
+    return type(row)(*[getattr(row, name) for name in _FIELDS[type(row)]])
+_ACTIVE = ("pending", "running")
+
+
+class MemoryStorage(Storage):
+    """Storage in this process's memory; gone when the process ends."""
+
+    def __init__(self) -> None:
+        self._threads: dict[str, ThreadRow] = {}
+        self._runs: dict[str, RunRow] = {}
+        self._runs_of: dict[str, list[str]] = {}  # thread -> its run ids, oldest first
+        self._order: dict[str, int] = {}  # run -> creation order (ties in timestamps happen)
+        self._pending: dict[str, None] = {}  # pending run ids, in creation order
+        self._running_thread: dict[str, str] = {}  # thread -> its running run
+        self._running_keys: Counter[str] = Counter()  # concurrency key -> running runs
+        self._checkpoints: dict[str, list[CheckpointRow]] = {}
+        self._checkpoint_by_id: dict[str, dict[str, CheckpointRow]] = {}
+        self._pending_writes: dict[str, dict[str, Mapping[str, Any]]] = {}
+        self._inbox: dict[str, dict[str, list[Any]]] = {}  # thread -> key -> [message, delivered]
+        self._items: dict[tuple[tuple[str, ...], str], ItemRow] = {}
+        self._workers: dict[str, tuple[dict[str, Any], str]] = {}
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    # -- threads
+
+    async def create_thread(self, row: ThreadRow) -> bool:
+        if row.thread_id in self._threads:
+            return False
+        self._threads[row.thread_id] = _copy(row)
+        return True
+
+    async def get_thread(self, thread_id: str) -> ThreadRow | None:
+        row = self._threads.get(thread_id)
+        return _copy(row) if row else None
+
+    async def update_thread(self, thread_id: str, **fields: Any) -> None:
+        row = self._threads.get(thread_id)
+        if row is not None:
+            for name, value in fields.items():
+                setattr(row, name, value)
+
+    async def delete_thread(self, thread_id: str) -> bool:
+        for run_id in list(self._runs_of.get(thread_id, ())):
+            await self.delete_run(run_id)
+        for table in (self._runs_of, self._checkpoints, self._checkpoint_by_id, self._pending_writes, self._inbox):
+            table.pop(thread_id, None)
+        return self._threads.pop(thread_id, None) is not None
+
+    def _matching_threads(self, metadata: dict[str, Any] | None, status: str | None,
+                          ids: Sequence[str] | None = None) -> list[ThreadRow]:
+        rows = [self._threads[i] for i in ids if i in self._threads] if ids is not None else self._threads.values()
+        return [r for r in rows if (status is None or r.status == status)
+                and all(r.metadata.get(k) == v for k, v in (metadata or {}).items())]
+
+    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
+                             ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
+                             sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]:
+        if sort_by not in _THREAD_SORT:
+            raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
+        position = {thread_id: i for i, thread_id in enumerate(self._threads)}
+        rows = sorted(self._matching_threads(metadata, status, ids),
+                      key=lambda r: (getattr(r, sort_by), position[r.thread_id]),
+                      reverse=sort_order.lower() != "asc")
+        return [_copy(r) for r in rows[offset: offset + limit]]
+
+    async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:
+        return len(self._matching_threads(metadata, status))
+
+    # -- runs
+
+    async def create_run(self, row: RunRow) -> None:
+        row = _copy(row)
+        self._runs[row.run_id] = row
+        self._runs_of.setdefault(row.thread_id, []).append(row.run_id)
+        self._order[row.run_id] = len(self._order)
+        self._track(row, None)
+
+    async def get_run(self, run_id: str) -> RunRow | None:
+        row = self._runs.get(run_id)
+        return _copy(row) if row else None
+
+    async def update_run(self, run_id: str, **fields: Any) -> None:
+        row = self._runs.get(run_id)
+        if row is None:
+            return
+        before = row.status
+        for name, value in fields.items():
+            setattr(row, name, value)
+        self._track(row, before)
+
+    def _track(self, row: RunRow, before: str | None) -> None:
+        """Keep the pending and running indexes in step with a run's status change."""
+        if before == row.status:
+            return
+        if before == "pending":
+            self._pending.pop(row.run_id, None)
+        elif before == "running":
+            self._running_thread.pop(row.thread_id, None)
+            if row.concurrency_key:
+                self._running_keys[row.concurrency_key] -= 1
+        if row.status == "pending":
+            self._pending[row.run_id] = None
+        elif row.status == "running":
+            self._running_thread[row.thread_id] = row.run_id
+            if row.concurrency_key:
+                self._running_keys[row.concurrency_key] += 1
+
+    async def delete_run(self, run_id: str) -> bool:
+        row = self._runs.get(run_id)
+        if row is None:
+            return False
+        row_status = row.status
+        row.status = "deleted"
+        self._track(row, row_status)
+        del self._runs[run_id]
+        self._order.pop(run_id, None)
+        self._runs_of[row.thread_id].remove(run_id)
+        return True
+
+    async def list_runs(self, thread_id: str, *, status: str | None = None, limit: int = 10,
+                        offset: int = 0) -> list[RunRow]:
+        rows = [self._runs[r] for r in reversed(self._runs_of.get(thread_id, ()))]
+        rows = [r for r in rows if status is None or r.status == status]
+        return [_copy(r) for r in rows[offset: offset + limit]]
+
+    async def active_runs(self, thread_id: str) -> list[RunRow]:
+        return [_copy(self._runs[r]) for r in self._runs_of.get(thread_id, ()) if self._runs[r].status in _ACTIVE]
+
+    async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
+        claimed: list[RunRow] = []
+        for run_id in list(self._pending):
+            if len(claimed) == limit:
+                break
+            row = self._runs[run_id]
+            key = row.concurrency_key
+            if (row.worker_id != worker_id or row.scheduled_at > now or row.thread_id in self._running_thread
+                    or (key and self._running_keys[key] >= (row.concurrency_limit or 1))):
+                continue
+            row.updated_at = now
+            row.status = "running"
+            self._track(row, "pending")
+            claimed.append(_copy(row))
+        return claimed
+
+    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
+        alive = set(alive_workers)
+        orphans = sorted((r for r in self._runs.values() if r.status in _ACTIVE and r.worker_id not in alive),
+                         key=lambda r: self._order[r.run_id])
+        found = [_copy(r) for r in orphans]
+        for row in orphans:
+            before = row.status
+            row.status, row.worker_id = "pending", new_worker_id
+            self._track(row, before)
+        self._pending = dict.fromkeys(sorted(self._pending, key=self._order.__getitem__))
+        return found
+
+    # -- workers
+
+    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None:
+        self._workers[worker_id] = (self._workers.get(worker_id, (info, now))[0], now)
+
+    async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
+        return dict(self._workers)
+
+    async def forget_worker(self, worker_id: str) -> None:
+        self._workers.pop(worker_id, None)
+
+    # -- checkpoints
+
+    async def put_checkpoint(self, row: CheckpointRow) -> None:
+        row = _copy(row)
+        self._checkpoints.setdefault(row.thread_id, []).append(row)
+        self._checkpoint_by_id.setdefault(row.thread_id, {})[row.checkpoint_id] = row
+
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
+        row = self._checkpoint_by_id.get(thread_id, {}).get(checkpoint_id)
+        return _copy(row) if row else None
+
+    async def head_checkpoint(self, thread_id: str) -> CheckpointRow | None:
+        rows = self._checkpoints.get(thread_id)
+        return _copy(rows[-1]) if rows else None
+
+    async def list_checkpoints(self, thread_id: str, *, limit: int | None = None,
+                               before_seq: int | None = None) -> list[CheckpointRow]:
+        rows = [r for r in reversed(self._checkpoints.get(thread_id, ())) if before_seq is None or r.seq < before_seq]
+        return [_copy(r) for r in rows[:limit]]
+
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
+        by_id = self._checkpoint_by_id.get(thread_id, {})
+        chain: list[CheckpointRow] = []
+        current: str | None = checkpoint_id if checkpoint_id in by_id else None
+        while current is not None:
+            row = by_id[current]
+            chain.append(_copy(row))
+            current = row.parent_id
+        chain.reverse()
+        return chain
+
+    async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
+        row = self._checkpoint_by_id.get(thread_id, {}).get(checkpoint_id)
+        if row is not None:
+            row.next = next
+
+    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
+        kept = [r for r in self._checkpoints.get(thread_id, ()) if r.run_id != run_id]
+        self._checkpoints[thread_id] = kept
+        self._checkpoint_by_id[thread_id] = {r.checkpoint_id: r for r in kept}
+
+    async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
+        for row in self._checkpoints.get(thread_id, ()):
+            await self.put_checkpoint(replace(row, thread_id=new_thread_id))
+
+    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
+        self._pending_writes.setdefault(thread_id, {})[key] = value
+
+    async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
+        return dict(self._pending_writes.get(thread_id, {}))
+
+    async def clear_pending_writes(self, thread_id: str) -> None:
+        self._pending_writes.pop(thread_id, None)
+
+    # -- inbox
+
+    async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
+        box = self._inbox.setdefault(thread_id, {})
+        if key in box:
+            return False
+        box[key] = [message, False]
+        return True
+
+    async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
+        return [(key, entry[0]) for key, entry in self._inbox.get(thread_id, {}).items() if not entry[1]]
+
+    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
+        box = self._inbox.get(thread_id, {})
+        for key in keys:
+            if key in box:
+                box[key][1] = True
+
+    async def threads_with_mail(self) -> list[str]:
+        return [t for t, box in self._inbox.items() if any(not entry[1] for entry in box.values())]
+
+    # -- items
+
+    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
+        existing = self._items.get((namespace, key))
+        created = existing.created_at if existing else now
+        self._items[(namespace, key)] = ItemRow(namespace, key, dict(value), created, now)
+
+    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
+        row = self._items.get((namespace, key))
+        return _copy(row) if row else None
+
+    async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
+        self._items.pop((namespace, key), None)
+
+    async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
+                           limit: int = 10, offset: int = 0) -> list[ItemRow]:
+        rows = [r for (ns, _), r in self._items.items() if ns[: len(prefix)] == prefix
+                and all(r.value.get(k) == v for k, v in (filter or {}).items())]
+        rows.sort(key=lambda r: r.updated_at, reverse=True)
+        return [_copy(r) for r in rows[offset: offset + limit]]
+
+    async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),
+                              max_depth: int | None = None, limit: int = 100,
+                              offset: int = 0) -> list[tuple[str, ...]]:
+        found = {ns[:max_depth] if max_depth is not None else ns for ns, _ in self._items
+                 if ns[: len(prefix)] == prefix and (not suffix or ns[-len(suffix):] == suffix)}
+        return sorted(found)[offset: offset + limit]

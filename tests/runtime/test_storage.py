@@ -1,0 +1,152 @@
+"""The storage contract, on every backend: the same operations give the same answers."""
+
+import uuid
+
+import pytest
+
+from backchannel.messages import HumanMessage
+from backchannel.runtime.memory import MemoryStorage
+from backchannel.runtime.sqlite import SQLiteStorage
+from backchannel.runtime.storage import CheckpointRow, RunRow, ThreadRow, now_iso
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+async def storage(request, tmp_path):
+    s = SQLiteStorage(str(tmp_path / "s.db")) if request.param == "sqlite" else MemoryStorage()
+    await s.open()
+    yield s
+    await s.close()
+
+
+def _run(thread_id, *, status="pending", worker="w1", at=None):
+    now = now_iso()
+    return RunRow(str(uuid.uuid4()), thread_id, "a", now, now, status, {}, {}, "enqueue", worker, at or now)
+
+
+def _checkpoint(thread_id, seq, parent, run_id=None, delta=None):
+    delta = {"k": 1} if delta is None else delta
+    return CheckpointRow(thread_id, f"c{seq}", parent, seq, run_id, delta, "", {"source": "loop", "step": seq},
+                         now_iso())
+
+
+async def test_threads_are_unique_and_searchable(storage):
+    now = now_iso()
+    assert await storage.create_thread(ThreadRow("t1", now, now, {"a.b": 1, "tag with space": "x"}))
+    assert not await storage.create_thread(ThreadRow("t1", now, now, {}))
+    assert [t.thread_id for t in await storage.search_threads(metadata={"a.b": 1})] == ["t1"]
+    assert [t.thread_id for t in await storage.search_threads(metadata={"tag with space": "x"})] == ["t1"]
+    assert await storage.search_threads(metadata={"a.b": "1"}) == []  # types matter
+    with pytest.raises(ValueError):
+        await storage.search_threads(sort_by="metadata; DROP TABLE threads")
+    assert await storage.count_threads() == 1
+
+
+async def test_claim_runs_one_per_thread_oldest_first_and_not_before_time(storage):
+    now = now_iso()
+    for t in ("t1", "t2"):
+        await storage.create_thread(ThreadRow(t, now, now))
+    first, second = _run("t1"), _run("t1")
+    other = _run("t2")
+    later = _run("t2", at="9999-01-01T00:00:00+00:00")
+    foreign = _run("t2", worker="w2")
+    for row in (first, second, other, later, foreign):
+        await storage.create_run(row)
+    claimed = await storage.claim_runs("w1", 10, now_iso())
+    assert [r.run_id for r in claimed] == [first.run_id, other.run_id]
+    assert all(r.status == "running" for r in claimed)
+    # the thread's next run waits while one is running
+    assert await storage.claim_runs("w1", 10, now_iso()) == []
+    await storage.update_run(first.run_id, status="success")
+    assert [r.run_id for r in await storage.claim_runs("w1", 10, now_iso())] == [second.run_id]
+    assert [r.run_id for r in await storage.active_runs("t1")] == [second.run_id]
+    # the limit is respected
+    await storage.update_run(other.run_id, status="success")
+    assert await storage.claim_runs("w1", 0, now_iso()) == []
+
+
+async def test_requeue_orphans_hands_dead_workers_runs_over(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t1", now, now))
+    await storage.create_thread(ThreadRow("t2", now, now))
+    dead_running = _run("t1", status="running", worker="dead")
+    dead_pending = _run("t1", worker="dead")
+    alive = _run("t2", status="running", worker="alive")
+    finished = _run("t2", status="success", worker="dead")
+    for row in (dead_running, dead_pending, alive, finished):
+        await storage.create_run(row)
+    moved = await storage.requeue_orphans(["alive"], "me")
+    assert {r.run_id for r in moved} == {dead_running.run_id, dead_pending.run_id}
+    for row in (dead_running, dead_pending):
+        again = await storage.get_run(row.run_id)
+        assert (again.status, again.worker_id) == ("pending", "me")
+    assert (await storage.get_run(alive.run_id)).worker_id == "alive"
+    assert (await storage.get_run(finished.run_id)).status == "success"
+
+
+async def test_checkpoint_chains_follow_parents_across_forks(storage):
+    await storage.put_checkpoint(_checkpoint("t", 1, None))
+    await storage.put_checkpoint(_checkpoint("t", 2, "c1"))
+    await storage.put_checkpoint(_checkpoint("t", 3, "c2"))
+    await storage.put_checkpoint(_checkpoint("t", 4, "c1"))  # a fork from c1
+    assert [c.checkpoint_id for c in await storage.checkpoint_chain("t", "c4")] == ["c1", "c4"]
+    assert [c.checkpoint_id for c in await storage.checkpoint_chain("t", "c3")] == ["c1", "c2", "c3"]
+    assert await storage.checkpoint_chain("t", "missing") == []
+    assert (await storage.head_checkpoint("t")).checkpoint_id == "c4"
+    assert [c.checkpoint_id for c in await storage.list_checkpoints("t", before_seq=3)] == ["c2", "c1"]
+    assert [c.checkpoint_id for c in await storage.list_checkpoints("t", limit=2)] == ["c4", "c3"]
+
+
+async def test_pending_writes_are_kept_per_thread_until_cleared(storage):
+    await storage.put_pending_write("t", "call_1", {"update": {}, "direct": False})
+    await storage.put_pending_write("t", "call_2", {"update": {}, "direct": False})
+    await storage.put_pending_write("t", "call_2", {"update": {"x": 1}, "direct": False})  # replaced
+    await storage.put_pending_write("other", "call_9", {})
+    assert await storage.pending_writes("t") == {"call_1": {"update": {}, "direct": False},
+                                                 "call_2": {"update": {"x": 1}, "direct": False}}
+    await storage.clear_pending_writes("t")
+    assert await storage.pending_writes("t") == {}
+    assert set(await storage.pending_writes("other")) == {"call_9"}
+
+
+async def test_deleting_a_run_s_checkpoints_and_copying_a_thread(storage):
+    await storage.put_checkpoint(_checkpoint("t", 1, None, run_id="r1"))
+    await storage.put_checkpoint(_checkpoint("t", 2, "c1", run_id="r2"))
+    await storage.copy_checkpoints("t", "copy")
+    await storage.delete_checkpoints_of_run("t", "r2")
+    assert [c.checkpoint_id for c in await storage.list_checkpoints("t")] == ["c1"]
+    assert [c.checkpoint_id for c in await storage.list_checkpoints("copy")] == ["c2", "c1"]
+
+
+async def test_inbox_takes_each_key_once(storage):
+    assert await storage.put_inbox("t", "k1", HumanMessage("a", id="m1"), now_iso())
+    assert not await storage.put_inbox("t", "k1", HumanMessage("again"), now_iso())
+    assert await storage.put_inbox("t", "k2", HumanMessage("b", id="m2"), now_iso())
+    assert [k for k, _ in await storage.inbox("t")] == ["k1", "k2"]
+    await storage.ack_inbox("t", ["k1"])
+    assert [k for k, _ in await storage.inbox("t")] == ["k2"]
+    assert [(k, m.text, m.id) for k, m in await storage.inbox("t")] == [("k2", "b", "m2")]
+    assert not await storage.put_inbox("t", "k1", HumanMessage("x"), now_iso())  # delivered keys stay taken
+
+
+async def test_deleting_a_thread_deletes_what_belongs_to_it(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now))
+    await storage.create_run(_run("t"))
+    await storage.put_checkpoint(_checkpoint("t", 1, None))
+    await storage.put_inbox("t", "k", HumanMessage("hi"), now)
+    assert await storage.delete_thread("t")
+    assert await storage.get_thread("t") is None
+    assert await storage.list_runs("t") == []
+    assert await storage.list_checkpoints("t") == []
+    assert await storage.inbox("t") == []
+    assert not await storage.delete_thread("t")
+
+
+async def test_item_prefixes_are_matched_by_label_not_by_text(storage):
+    now = now_iso()
+    await storage.put_item(("a_",), "k", {"v": 1}, now)
+    await storage.put_item(("ab",), "k", {"v": 2}, now)
+    await storage.put_item(("a%", "x"), "k", {"v": 3}, now)
+    assert [i.value["v"] for i in await storage.search_items(("a_",))] == [1]
+    assert [i.value["v"] for i in await storage.search_items(("a%",))] == [3]
+    assert await storage.search_items(("a",)) == []
