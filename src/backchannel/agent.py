@@ -92,6 +92,13 @@ class Agent:
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r})"
 
+    def copy(self, **changes: Any) -> Agent:
+        """A new agent like this one, with some of ``create_agent``'s arguments changed."""
+        settings = {"model": self.model, "tools": self.tools, "system_prompt": self.system_prompt,
+                    "middleware": self.middleware, "name": self.name, "max_iterations": self.max_iterations,
+                    "model_settings": self.model_settings, "state_schema": self.state_schema, **changes}
+        return Agent(**settings)
+
     @property
     def graph_name(self) -> str:
         """The name events and the runtime use for this agent."""

@@ -25,7 +25,6 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypedDict
 
-from backchannel.agent import Agent
 from backchannel.context import RunContext
 from backchannel.events import Event
 from backchannel.hitl import is_review_request
@@ -33,7 +32,7 @@ from backchannel.messages import AIMessage, HumanMessage, text_of
 from backchannel.middleware import Middleware
 from backchannel.notifier import CompletionNotifier, describe_question
 from backchannel.runtime.storage import now_iso
-from backchannel.subagents import SubAgent, build_subagent, subagent_list
+from backchannel.subagents import Delegates, SubAgent
 from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime
 
 __all__ = ["AsyncSubAgentMiddleware", "AsyncTaskState", "TASK_STATUSES", "task_status"]
@@ -74,17 +73,15 @@ class AsyncSubAgentMiddleware(Middleware):
                  completion: Literal["notify", "wait"] = "notify", max_concurrent: int = 16) -> None:
         if completion not in ("notify", "wait"):
             raise ValueError(f"completion must be 'notify' or 'wait', not {completion!r}")
-        self.specs = {s.name: s for s in subagents}
+        self.delegates = Delegates(subagents, model=model, tools=tools,
+                                   extra_middleware=lambda: [CompletionNotifier()])
         self.completion = completion
         self.max_concurrent = max_concurrent
-        self._model = model
-        self._parent_tools = tools
-        self._agents: dict[str, Any] = {}
         self.tools = [
             Tool(self.start_async_task, name="start_async_task", description=(
                 "Start a subagent on a task in the background and return its task_id at once. Keep working or "
                 "answer the user meanwhile: you will be notified when it finishes.\n\nAvailable subagent "
-                "types:\n" + subagent_list(subagents))),
+                "types:\n" + self.delegates.listing())),
             Tool(self.check_async_task, name="check_async_task"),
             Tool(self.update_async_task, name="update_async_task"),
             Tool(self.cancel_async_task, name="cancel_async_task"),
@@ -106,9 +103,7 @@ class AsyncSubAgentMiddleware(Middleware):
             subagent_type: Which subagent to use (one of the available types).
         """
         ctx, rt = _runtime_of(runtime)
-        spec = self.specs.get(subagent_type)
-        if spec is None:
-            raise ToolError(f"unknown subagent_type {subagent_type!r}; valid types: {', '.join(self.specs)}")
+        spec = self.delegates.spec(subagent_type)
         if spec.url is not None:
             raise ToolError(f"subagent {spec.name!r} is served at {spec.url}; remote subagents are not "
                             "available in this version")
@@ -157,7 +152,7 @@ class AsyncSubAgentMiddleware(Middleware):
         """
         ctx, rt = _runtime_of(runtime)
         task = _tracked(runtime, task_id)
-        spec = self.specs[task["subagent"]]
+        spec = self.delegates.spec(task["subagent"])
         status = await task_status(rt, task)
         if status == "waiting":
             thread = await rt.threads.get(task_id)
@@ -237,7 +232,7 @@ class AsyncSubAgentMiddleware(Middleware):
     async def _start_run(self, rt: Any, ctx: RunContext, spec: SubAgent, task_id: str, tool_call_id: str,
                          **kwargs: Any) -> dict[str, Any]:
         """A run of the subagent on its task thread, its events shown in the supervisor's stream."""
-        graph_id = rt.graph_id_for_agent(self._agent(spec))
+        graph_id = rt.graph_id_for_agent(self.delegates.agent(spec))
         run = await rt.runs.create(task_id, graph_id, timeout=spec.timeout, concurrency_key=f"tasks:{ctx.thread_id}",
                                    concurrency_limit=self.max_concurrent, **kwargs)
         stream = rt.stream_of(run["run_id"])
@@ -247,19 +242,7 @@ class AsyncSubAgentMiddleware(Middleware):
 
     def runtime_agents(self) -> list[Any]:
         """The agents whose runs this middleware starts on the runtime (registered with the supervisor)."""
-        return [self._agent(s) for s in self.specs.values() if s.url is None]
-
-    def _agent(self, spec: SubAgent) -> Any:
-        if spec.name not in self._agents:
-            agent = build_subagent(spec, self._model, self._parent_tools, extra_middleware=[CompletionNotifier()])
-            if not any(isinstance(mw, CompletionNotifier) for mw in agent.middleware):
-                # A prebuilt agent: a copy of it that notifies, like the agents built from specs.
-                agent = Agent(agent.model, agent.tools, system_prompt=agent.system_prompt,
-                              middleware=[*agent.middleware, CompletionNotifier()], name=agent.name or spec.name,
-                              max_iterations=agent.max_iterations, model_settings=agent.model_settings,
-                              state_schema=agent.state_schema)
-            self._agents[spec.name] = agent
-        return self._agents[spec.name]
+        return [self.delegates.agent(s) for s in self.delegates.specs.values() if s.url is None]
 
     def _report(self, ctx: RunContext, task: Mapping[str, Any], status: str, content: str) -> ToolResult:
         fields = {"status": status, "run_id": task["run_id"], "updated_at": now_iso()}

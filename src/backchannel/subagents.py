@@ -13,7 +13,7 @@ own name, with the tool call as its cause.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from backchannel.middleware import Middleware
 from backchannel.notifier import final_answer
 from backchannel.tools import Tool, ToolError, ToolRuntime
 
-__all__ = ["GENERAL_PURPOSE", "SubAgent", "SubAgentMiddleware", "as_subagent", "build_subagent"]
+__all__ = ["GENERAL_PURPOSE", "Delegates", "SubAgent", "SubAgentMiddleware", "as_subagent", "build_subagent"]
 
 
 @dataclass(slots=True)
@@ -77,30 +77,56 @@ def as_subagent(spec: SubAgent | Mapping[str, Any]) -> SubAgent:
 
 def build_subagent(spec: SubAgent, model: Any, tools: Sequence[Any],
                    extra_middleware: Sequence[Middleware] = ()) -> Agent:
-    """The agent a spec describes, inheriting the supervisor's model and tools where it gives none."""
+    """The agent a spec describes, inheriting the supervisor's model and tools where it gives none.
+
+    A prebuilt agent runs as a copy named after the spec (so it reports as that subagent) with
+    ``extra_middleware`` added; the original is left as it is.
+    """
     if spec.agent is not None:
-        return spec.agent
+        return spec.agent.copy(name=spec.name, middleware=[*spec.agent.middleware, *extra_middleware])
     return create_agent(spec.model or model, tools if spec.tools is None else spec.tools,
                         system_prompt=spec.system_prompt, middleware=[*spec.middleware, *extra_middleware],
                         name=spec.name, max_iterations=spec.max_iterations)
 
 
-def subagent_list(specs: Sequence[SubAgent]) -> str:
-    return "\n".join(f"- {s.name}: {s.description}" for s in specs)
+class Delegates:
+    """The subagents a middleware can start: looked up by type, each built once."""
+
+    def __init__(self, specs: Sequence[SubAgent], *, model: Any, tools: Sequence[Any],
+                 extra_middleware: Callable[[], Sequence[Middleware]] = list) -> None:
+        self.specs = {s.name: s for s in specs}
+        self._model = model
+        self._tools = tools
+        self._extra_middleware = extra_middleware
+        self._agents: dict[str, Agent] = {}
+
+    def spec(self, subagent_type: str) -> SubAgent:
+        """The spec of ``subagent_type``; a :class:`ToolError` listing the valid types if there is none."""
+        spec = self.specs.get(subagent_type)
+        if spec is None:
+            raise ToolError(f"unknown subagent_type {subagent_type!r}; valid types: {', '.join(self.specs)}")
+        return spec
+
+    def agent(self, spec: SubAgent) -> Agent:
+        """The agent of ``spec``, built on first use."""
+        if spec.name not in self._agents:
+            self._agents[spec.name] = build_subagent(spec, self._model, self._tools, self._extra_middleware())
+        return self._agents[spec.name]
+
+    def listing(self) -> str:
+        """The subagent types with their descriptions, for tool descriptions."""
+        return "\n".join(f"- {s.name}: {s.description}" for s in self.specs.values())
 
 
 class SubAgentMiddleware(Middleware):
     """Adds the ``task`` tool: run a subagent to completion and return its final answer."""
 
     def __init__(self, subagents: Sequence[SubAgent], *, model: Any, tools: Sequence[Any]) -> None:
-        self.specs = {s.name: s for s in subagents}
-        self._model = model
-        self._parent_tools = tools
-        self._agents: dict[str, Agent] = {}
+        self.delegates = Delegates(subagents, model=model, tools=tools)
         self.tools = [Tool(self.task, name="task", description=(
             "Launch a subagent to handle a task on its own and return its final answer. Run several at once "
             "by calling this tool more than once in one reply. Each subagent starts fresh: put everything it "
-            "needs in the description.\n\nAvailable subagent types:\n" + subagent_list(subagents)))]
+            "needs in the description.\n\nAvailable subagent types:\n" + self.delegates.listing()))]
         self.system_prompt = (
             "You can delegate self-contained tasks with the `task` tool; independent tasks can run in "
             "parallel. The subagent only sees your description, and only its final answer comes back.")
@@ -112,12 +138,8 @@ class SubAgentMiddleware(Middleware):
             description: The whole task, with every detail the subagent needs; it sees nothing else.
             subagent_type: Which subagent to use (one of the available types).
         """
-        spec = self.specs.get(subagent_type)
-        if spec is None:
-            raise ToolError(f"unknown subagent_type {subagent_type!r}; valid types: {', '.join(self.specs)}")
-        if spec.name not in self._agents:
-            self._agents[spec.name] = build_subagent(spec, self._model, self._parent_tools)
-        agent = self._agents[spec.name]
+        spec = self.delegates.spec(subagent_type)
+        agent = self.delegates.agent(spec)
         history = forked_history(runtime.state.get("messages") or []) if spec.fork else []
         try:
             result = await agent.ainvoke({"messages": [*history, HumanMessage(description)]})
