@@ -221,7 +221,7 @@ async def _cancel_after(task, delay=0.05):
 async def test_cancel_during_a_slow_model_call_stops_promptly():
     model = ScriptedModel(["too late"], latency=5)
     task = asyncio.create_task(create_agent(model).ainvoke("hi"))
-    assert await _cancel_after(task) < 0.2
+    assert await _cancel_after(task) < 1.0  # against 5 s of work
 
 
 async def test_cancel_during_a_slow_tool_stops_promptly():
@@ -239,7 +239,7 @@ async def test_cancel_during_a_slow_tool_stops_promptly():
 
     agent = create_agent(ScriptedModel([{"tool_calls": [call("crawl")]}, "never"]), [crawl])
     task = asyncio.create_task(agent.ainvoke("hi"))
-    assert await _cancel_after(task) < 0.2
+    assert await _cancel_after(task) < 1.0  # against 5 s of work
     assert cancelled == [True]
 
 
@@ -259,7 +259,7 @@ async def test_cancel_during_parallel_tools_cancels_them_all():
     agent = create_agent(ScriptedModel([{"tool_calls": [call("crawl", {"n": 1}, "a"), call("crawl", {"n": 2}, "b")]}]),
                          [crawl])
     task = asyncio.create_task(agent.ainvoke("hi"))
-    assert await _cancel_after(task) < 0.2
+    assert await _cancel_after(task) < 1.0  # against 5 s of work
     assert sorted(cancelled) == [1, 2]
 
 
@@ -291,7 +291,7 @@ async def test_cancelled_run_reports_a_cancelled_lifecycle_event(where):
                 await asyncio.sleep(0.02)
                 t0 = time.perf_counter()
                 run_task[0].cancel()
-    assert time.perf_counter() - t0 < 0.2
+    assert time.perf_counter() - t0 < 1.0  # against 5 s of work
     life = [e.data for e in events if e.type == "lifecycle"]
     assert [d["event"] for d in life] == ["started", "cancelled"]
     assert life[-1]["graph_name"] == "worker"
@@ -317,8 +317,8 @@ async def test_leaving_astream_early_cancels_the_run():
         async for e in events:
             if e.type == "tool" and e.data["event"] == "started":
                 break
-    await asyncio.wait_for(cancelled.wait(), 0.2)
-    assert time.perf_counter() - t0 < 0.3
+    await asyncio.wait_for(cancelled.wait(), 1.0)
+    assert time.perf_counter() - t0 < 1.0  # against 5 s of work
 
 
 # -- interrupts --------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ async def test_latency_is_cancellable():
     t0 = time.perf_counter()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert time.perf_counter() - t0 < 0.1
+    assert time.perf_counter() - t0 < 1.0  # against 5 s of latency
 
 
 # -- streaming --------------------------------------------------------------------------------
