@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import platform
 import sys
@@ -43,7 +42,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peers import reply_chat_model  # noqa: E402  (sibling scripts, not a package)
 from step_overhead import (  # noqa: E402
-    LANGGRAPH_CONFIG, PROMPT, Stats, _langchain_kit, _progress, to_jsonable, versions)
+    LANGGRAPH_CONFIG, PROMPT, Stats, _langchain_kit, _progress, emit_report, versions)
 
 KS = (10, 100, 1_000)
 SQLITE_KS = (1_000,)
@@ -528,14 +527,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    latency_s=LATENCY, versions=versions(), targets=TARGETS)
     checks = target_checks(results)
     results["target_checks"] = checks
-    out = sys.stderr if args.json else sys.stdout
-    render_background(results, out)
-    render_memory(results, out)
-    render_sync(results, out)
-    render_targets(checks, out)
-    if args.json:
-        json.dump(to_jsonable(_plain(results)), sys.stdout, indent=2)
-        print()
+    emit_report(results, [render_background, render_memory, render_sync,
+                          lambda r, out: render_targets(checks, out)], args.json, plain=_plain)
     return 0
 
 

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import gc
 import importlib.metadata
-import json
 import os
 import platform
 import sqlite3
@@ -40,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_overhead import (  # noqa: E402  (a sibling script, not a package)
-    LANGGRAPH_CONFIG, PROMPT, STEPS_PER_SAMPLE, Stats, _langchain_kit, _progress, to_jsonable)
+    LANGGRAPH_CONFIG, PROMPT, STEPS_PER_SAMPLE, Stats, _langchain_kit, _progress, emit_report)
 
 THREADS = 1_000  # runs started at once in the throughput workload
 WARMUP_RUNS = 20  # runs on the same store before a throughput sample is timed
@@ -397,14 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in FRAMEWORKS}
     checks = target_checks(results)
     results["target_checks"] = checks
-    out = sys.stderr if args.json else sys.stdout
-    render_throughput(results, out)
-    render_steps(results, out)
-    render_size(results, out)
-    render_targets(checks, out)
-    if args.json:
-        json.dump(to_jsonable(results), sys.stdout, indent=2)
-        print()
+    emit_report(results, [render_throughput, render_steps, render_size,
+                          lambda r, out: render_targets(checks, out)], args.json)
     return 0
 
 

@@ -533,14 +533,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["marginal_us_per_step"] = {name: marginal_us(results["steps"][name]) for name in FRAMEWORKS}
     checks = target_checks(results)
     results["target_checks"] = checks
-    out = sys.stderr if args.json else sys.stdout
-    render_steps(results, out)
-    render_costs(results, out)
-    render_targets(checks, out)
-    if args.json:
-        json.dump(to_jsonable(results), sys.stdout, indent=2)
-        print()
+    emit_report(results, [render_steps, render_costs, lambda r, out: render_targets(checks, out)], args.json)
     return 0
+
+
+def emit_report(results: dict[str, Any], renderers: list[Any], as_json: bool,
+                plain: Any = lambda results: results) -> None:
+    """Print the tables (to stderr when the JSON document goes to stdout), then the JSON if asked."""
+    out = sys.stderr if as_json else sys.stdout
+    for render in renderers:
+        render(results, out)
+    if as_json:
+        json.dump(to_jsonable(plain(results)), sys.stdout, indent=2)
+        print()
 
 
 if __name__ == "__main__":
