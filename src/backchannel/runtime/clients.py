@@ -427,7 +427,7 @@ class RunsClient:
         async for event in stream.follow(after, values=wants_values(modes)):
             for part in mapper.parts(event):
                 yield part
-        if stream.status in ("error", "timeout") and stream.error and stream.status == "error":
+        if stream.status == "error" and stream.error:  # LangGraph sends no error event for a timeout
             yield StreamPart("error", {"error": stream.error.get("type", "Error"),
                                        "message": stream.error.get("message", "")})
 
