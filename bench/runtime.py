@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import importlib.metadata
 import os
 import platform
 import sqlite3
@@ -39,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_overhead import (  # noqa: E402  (a sibling script, not a package)
-    LANGGRAPH_CONFIG, PROMPT, STEPS_PER_SAMPLE, Stats, _langchain_kit, _progress, emit_report)
+    LANGGRAPH_CONFIG, PROMPT, STEPS_PER_SAMPLE, Stats, _langchain_kit, _progress, emit_report, versions)
 
 THREADS = 1_000  # runs started at once in the throughput workload
 WARMUP_RUNS = 20  # runs on the same store before a throughput sample is timed
@@ -372,16 +371,6 @@ def render_targets(checks: list[dict[str, Any]], out: Any) -> None:
               f"(target {bound} {check['target']:g}x)", file=out)
 
 
-def versions() -> dict[str, str]:
-    found = {}
-    for dist in DISTRIBUTIONS:
-        try:
-            found[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            found[dist] = "not installed"
-    return found
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
@@ -390,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings.for_mode(args.quick)
     results = asyncio.run(run_benchmarks(settings))
     results.update(mode="quick" if args.quick else "full", settings=asdict(settings), threads=THREADS,
-                   python=platform.python_version(), versions=versions(), targets=TARGETS)
+                   python=platform.python_version(), versions=versions(DISTRIBUTIONS), targets=TARGETS)
     results["throughput_runs_per_s"] = {
         name: {kind: runs_per_second(results["throughput_seconds"][name][kind]) for kind in STORES}
         for name in FRAMEWORKS}

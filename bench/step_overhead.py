@@ -177,27 +177,25 @@ def _langchain_kit() -> tuple[type, Any]:
 def langchain_framework() -> Framework:
     from langchain.agents import create_agent
 
-    model_class, echo = _langchain_kit()
-
-    def runner(n: int) -> Runner:
-        agent = create_agent(model_class(tool_calls=n), [echo])
-        return lambda: agent.ainvoke(PROMPT, config=LANGGRAPH_CONFIG)
-
-    answer = model_class(tool_calls=0)
-    return Framework("langchain", runner, lambda: create_agent(answer, [echo]))
+    return _langgraph_framework("langchain", create_agent)
 
 
 def deepagents_framework() -> Framework:
     from deepagents import create_deep_agent
 
+    return _langgraph_framework("deepagents", create_deep_agent)
+
+
+def _langgraph_framework(name: str, create: Callable[..., Any]) -> Framework:
+    """A LangGraph-based peer built by ``create(model, tools)`` with the scripted LangChain model."""
     model_class, echo = _langchain_kit()
 
     def runner(n: int) -> Runner:
-        agent = create_deep_agent(model_class(tool_calls=n), [echo])
+        agent = create(model_class(tool_calls=n), [echo])
         return lambda: agent.ainvoke(PROMPT, config=LANGGRAPH_CONFIG)
 
     answer = model_class(tool_calls=0)
-    return Framework("deepagents", runner, lambda: create_deep_agent(answer, [echo]))
+    return Framework(name, runner, lambda: create(answer, [echo]))
 
 
 def load_frameworks() -> dict[str, Framework | str]:
@@ -500,9 +498,10 @@ def render_targets(checks: list[dict[str, Any]], out: Any) -> None:
               f"(target <= {check['target']:,.0f} {unit})", file=out)
 
 
-def versions() -> dict[str, str]:
+def versions(distributions: tuple[str, ...] = DISTRIBUTIONS) -> dict[str, str]:
+    """The installed version of each distribution (or "not installed")."""
     found = {}
-    for dist in DISTRIBUTIONS:
+    for dist in distributions:
         try:
             found[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
