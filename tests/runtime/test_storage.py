@@ -7,7 +7,7 @@ import pytest
 from backchannel.messages import HumanMessage
 from backchannel.runtime.memory import MemoryStorage
 from backchannel.runtime.sqlite import SQLiteStorage
-from backchannel.runtime.storage import CheckpointRow, RunRow, ThreadRow, now_iso
+from backchannel.runtime.storage import CheckpointRow, RunEnd, RunRow, ThreadRow, now_iso
 
 
 @pytest.fixture(params=["sqlite", "memory"])
@@ -62,6 +62,48 @@ async def test_claim_runs_one_per_thread_oldest_first_and_not_before_time(storag
     # the limit is respected
     await storage.update_run(other.run_id, status="success")
     assert await storage.claim_runs("w1", 0, now_iso()) == []
+
+
+async def test_finish_run_records_the_run_its_thread_and_where_the_thread_continues(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t1", now, now, status="busy"))
+    run = _run("t1", status="running")
+    await storage.create_run(run)
+    await storage.put_checkpoint(_checkpoint("t1", 1, None, run_id=run.run_id))
+    interrupts = [{"id": "i1", "value": "ok?"}]
+    has_mail = await storage.finish_run(RunEnd(run.run_id, "t1", "interrupted", "interrupted", now,
+                                               interrupts=interrupts, checkpoint_next=("c1", "tools")))
+    assert not has_mail
+    assert (await storage.get_run(run.run_id)).status == "interrupted"
+    thread = await storage.get_thread("t1")
+    assert (thread.status, thread.interrupts, thread.error) == ("interrupted", interrupts, None)
+    assert (await storage.head_checkpoint("t1")).next == "tools"
+    # a failure keeps the interrupts it does not name, and reports whether mail is waiting
+    await storage.put_inbox("t1", "k1", HumanMessage("news"), now)
+    failed = _run("t1", status="running")
+    await storage.create_run(failed)
+    error = {"type": "ValueError", "message": "bad"}
+    assert await storage.finish_run(RunEnd(failed.run_id, "t1", "error", "error", now, error=error,
+                                           thread_error={"error": "ValueError", "message": "bad"}))
+    assert (await storage.get_run(failed.run_id)).error == error
+    thread = await storage.get_thread("t1")
+    assert (thread.status, thread.interrupts, thread.error) == ("error", interrupts,
+                                                                {"error": "ValueError", "message": "bad"})
+    assert (await storage.head_checkpoint("t1")).next == "tools"
+
+
+async def test_finish_run_leaves_the_thread_busy_while_another_run_waits(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t1", now, now, status="busy"))
+    first, queued = _run("t1", status="running"), _run("t1")
+    await storage.create_run(first)
+    await storage.create_run(queued)
+    await storage.finish_run(RunEnd(first.run_id, "t1", "success", "idle", now, interrupts=[]))
+    assert (await storage.get_thread("t1")).status == "busy"
+    assert [r.run_id for r in await storage.active_runs("t1")] == [queued.run_id]
+    await storage.update_run(queued.run_id, status="running")
+    await storage.finish_run(RunEnd(queued.run_id, "t1", "success", "idle", now, interrupts=[]))
+    assert (await storage.get_thread("t1")).status == "idle"
 
 
 async def test_requeue_orphans_hands_dead_workers_runs_over(storage):
@@ -126,6 +168,11 @@ async def test_inbox_takes_each_key_once(storage):
     assert [k for k, _ in await storage.inbox("t")] == ["k2"]
     assert [(k, m.text, m.id) for k, m in await storage.inbox("t")] == [("k2", "b", "m2")]
     assert not await storage.put_inbox("t", "k1", HumanMessage("x"), now_iso())  # delivered keys stay taken
+    await storage.put_inbox("t", "k3", HumanMessage("c"), now_iso())
+    await storage.put_inbox("other", "k2", HumanMessage("not acked"), now_iso())
+    await storage.ack_inbox("t", ["k2", "k3"])
+    assert await storage.inbox("t") == []
+    assert [k for k, _ in await storage.inbox("other")] == ["k2"]
 
 
 async def test_deleting_a_thread_deletes_what_belongs_to_it(storage):

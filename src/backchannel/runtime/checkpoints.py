@@ -31,6 +31,7 @@ class ThreadState:
 
     values: dict[str, Any]
     head: CheckpointRow | None
+    newest: bool = False  # known to be the thread's newest state: a write appends after its head
 
     @property
     def next_stage(self) -> str:
@@ -60,6 +61,7 @@ class Checkpointer:
             self._latest.move_to_end(thread_id)
             return cached
         state = await self.at(thread_id, head.checkpoint_id, reducers) if head else ThreadState(empty_state(), None)
+        state.newest = True
         self._remember(thread_id, state)
         return state
 
@@ -92,8 +94,8 @@ class Checkpointer:
         if apply:
             apply_update(state.values, update, reducers)
         seq = state.seq + 1
-        if self._latest.get(thread_id) is not state:
-            # Not the newest state (a fork from an earlier checkpoint): append after the newest.
+        if not state.newest:
+            # A fork from an earlier checkpoint: append after the newest.
             newest = await self.storage.head_checkpoint(thread_id)
             seq = max(seq, newest.seq + 1) if newest is not None else seq
         row = CheckpointRow(
@@ -101,6 +103,7 @@ class Checkpointer:
             update, next_stage, {"source": source, "step": step}, now_iso())
         await self.storage.put_checkpoint(row)
         state.head = row
+        state.newest = True
         self._remember(thread_id, state)
         return row
 

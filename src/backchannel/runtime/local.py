@@ -37,7 +37,7 @@ from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
 from backchannel.runtime.clients import resume_map
 from backchannel.runtime.inbox import ThreadInbox
 from backchannel.runtime.modes import wants_values
-from backchannel.runtime.storage import RunRow, Storage, ThreadRow, now_iso, open_storage
+from backchannel.runtime.storage import RunEnd, RunRow, Storage, ThreadRow, now_iso, open_storage
 from backchannel.runtime.streams import RunStream
 from backchannel.state import snapshot
 from backchannel.state import Reducer
@@ -244,14 +244,13 @@ class LocalRuntime:
     # -- executing one run -----------------------------------------------------
 
     async def _execute(self, row: RunRow, stream: RunStream) -> None:
-        status, error, values = "error", None, None
+        status, error, values, has_mail = "error", None, None, False
         agent = self.graphs.get(self._graph_id_or_none(row.assistant_id) or "")
         try:
             if agent is None:
                 raise NotFoundError(f"assistant {row.assistant_id!r} is not registered in this runtime")
-            await self.storage.update_thread(row.thread_id, status="busy", updated_at=now_iso())
-            result = await self._run_agent(row, agent, stream)
-            status, values = await self._finish(row, agent, result)
+            state, result = await self._run_agent(row, agent, stream)
+            status, values, has_mail = await self._finish(row, agent, state, result)
         except asyncio.CancelledError:
             action = self._cancel_actions.pop(row.run_id, None)
             if action is None:  # the runtime is closing: leave the run to be resumed
@@ -273,10 +272,10 @@ class LocalRuntime:
             await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
         self._retire(stream)
-        if status == "success":
-            await self._wake_if_mail(row)
+        if status == "success" and has_mail and self._opened:  # mail came as the run finished: wake it
+            await self._wake_thread(row.thread_id, row.assistant_id)
 
-    async def _run_agent(self, row: RunRow, agent: Agent, stream: RunStream) -> RunResult:
+    async def _run_agent(self, row: RunRow, agent: Agent, stream: RunStream) -> tuple[ThreadState, RunResult]:
         kwargs = row.kwargs
         reducers = agent.state_reducers()
         state = await self._load_state(row, reducers)
@@ -295,10 +294,10 @@ class LocalRuntime:
                               pending=bool(pending), node_at=agent.node_at),
             inbox=inbox, resume=resume, pending_tools=pending, runtime=self)
         if not stage:
-            return RunResult("success", state.values)
+            return state, RunResult("success", state.values)
         if kwargs.get("timeout"):
             ctx.deadline = asyncio.get_running_loop().time() + kwargs["timeout"]
-        return await agent.run(state.values, ctx, stage=stage)
+        return state, await agent.run(state.values, ctx, stage=stage)
 
     async def _load_state(self, row: RunRow, reducers: Mapping[str, Reducer]) -> ThreadState:
         checkpoint_id = row.kwargs.get("checkpoint_id")
@@ -343,27 +342,24 @@ class LocalRuntime:
             stream.publish("values", snapshot(state.values), agent=agent.graph_name, thread_id=row.thread_id)
         return "before_agent", resume
 
-    async def _finish(self, row: RunRow, agent: Agent, result: RunResult) -> tuple[str, dict[str, Any]]:
-        state = await self.checkpoints.latest(row.thread_id, agent.state_reducers())
-        now = now_iso()
+    async def _finish(self, row: RunRow, agent: Agent, state: ThreadState,
+                      result: RunResult) -> tuple[str, dict[str, Any], bool]:
+        """Record the end of a run that succeeded or paused; returns its status, its final values and
+        whether mail waits for the thread."""
+        if not state.newest:  # the run wrote nothing after the checkpoint it started from
+            state = await self.checkpoints.latest(row.thread_id, agent.state_reducers())
         if result.status == "interrupted":
-            interrupts = [i.to_dict() for i in result.interrupts]
-            if state.head is not None:
-                await self.storage.set_checkpoint_next(row.thread_id, state.head.checkpoint_id, result.stage)
-                state.head.next = result.stage
-            await self.storage.update_thread(row.thread_id, status="interrupted", interrupts=interrupts,
-                                             updated_at=now, error=None)
-            await self.storage.update_run(row.run_id, status="interrupted", updated_at=now)
-            return "interrupted", snapshot(result.state)
-        if state.head is not None and state.head.next:
-            await self.storage.set_checkpoint_next(row.thread_id, state.head.checkpoint_id, "")
-            state.head.next = ""
-        active = await self.storage.active_runs(row.thread_id)
-        thread_status = "busy" if any(r.run_id != row.run_id for r in active) else "idle"
-        await self.storage.update_thread(row.thread_id, status=thread_status, updated_at=now, error=None,
-                                         interrupts=[])
-        await self.storage.update_run(row.run_id, status="success", updated_at=now)
-        return "success", snapshot(result.state)
+            status, stage, interrupts = "interrupted", result.stage, [i.to_dict() for i in result.interrupts]
+        else:
+            status, stage, interrupts = "success", "", []
+        checkpoint_next = None
+        if state.head is not None and state.head.next != stage:
+            checkpoint_next = (state.head.checkpoint_id, stage)
+            state.head.next = stage
+        has_mail = await self.storage.finish_run(RunEnd(
+            row.run_id, row.thread_id, status, "interrupted" if interrupts else "idle", now_iso(),
+            interrupts=interrupts, checkpoint_next=checkpoint_next))
+        return status, snapshot(result.state), has_mail
 
     async def _drop_temporary(self, row: RunRow, stream: RunStream) -> None:
         """A stateless run's thread goes when the run ends; joiners get the result kept on its stream."""
@@ -377,11 +373,10 @@ class LocalRuntime:
 
     async def _fail(self, row: RunRow, status: str, error: dict[str, Any]) -> None:
         self.checkpoints.forget(row.thread_id)
-        now = now_iso()
-        await self.storage.update_run(row.run_id, status=status, error=error, updated_at=now)
         # A thread's error has LangGraph's shape: {"error": <type>, "message": ...}.
         shown = {"error": error.get("type", "Error"), "message": error.get("message", "")}
-        await self.storage.update_thread(row.thread_id, status="error", error=shown, updated_at=now)
+        await self.storage.finish_run(RunEnd(row.run_id, row.thread_id, status, "error", now_iso(), error=error,
+                                             thread_error=shown))
 
     async def _cancelled(self, row: RunRow, action: str) -> str:
         self.checkpoints.forget(row.thread_id)
@@ -471,11 +466,6 @@ class LocalRuntime:
         if graph_id is None:
             raise InvalidRequestError(f"thread {thread_id!r} has never run an assistant; cannot wake it")
         await self.runs.create(thread_id, graph_id, multitask_strategy="enqueue", _wake=True)
-
-    async def _wake_if_mail(self, row: RunRow) -> None:
-        """A message that arrived as the run was finishing gets a run of its own."""
-        if self._opened and await self.storage.inbox(row.thread_id):
-            await self._wake_thread(row.thread_id, row.assistant_id)
 
     # -- the agent's thread API --------------------------------------------------
 

@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from backchannel.messages import AnyMessage
-from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, Storage, ThreadRow
+from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow
 
 __all__ = ["MemoryStorage"]
 
@@ -171,6 +171,20 @@ class MemoryStorage(Storage):
             self._track(row, "pending")
             claimed.append(_copy(row))
         return claimed
+
+    async def finish_run(self, end: RunEnd) -> bool:
+        await self.update_run(end.run_id, status=end.status, error=end.error, updated_at=end.updated_at)
+        thread = self._threads.get(end.thread_id)
+        if thread is not None:
+            busy = any(self._runs[r].status in _ACTIVE for r in self._runs_of.get(end.thread_id, ()))
+            thread.status = "busy" if busy else end.thread_status
+            thread.error = end.thread_error
+            thread.updated_at = end.updated_at
+            if end.interrupts is not None:
+                thread.interrupts = end.interrupts
+        if end.checkpoint_next is not None:
+            await self.set_checkpoint_next(end.thread_id, *end.checkpoint_next)
+        return any(not entry[1] for entry in self._inbox.get(end.thread_id, {}).values())
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
         alive = set(alive_workers)

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from backchannel.messages import AnyMessage, message_from_dict
-from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, Storage, ThreadRow
+from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow
 from backchannel.serde import dumps
 
 __all__ = ["SQLiteStorage"]
@@ -255,6 +255,23 @@ class SQLiteStorage(Storage):
             row.status = "running"
         return claimed
 
+    async def finish_run(self, end: RunEnd) -> bool:
+        db = self.writer
+        db.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
+                   (end.status, _dump(end.error) if end.error else None, end.updated_at, end.run_id))
+        db.execute(
+            "UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = ? AND status IN "
+            "('pending', 'running')) THEN 'busy' ELSE ? END, error = ?, updated_at = ?, "
+            "interrupts = coalesce(?, interrupts) WHERE thread_id = ?",
+            (end.thread_id, end.thread_status, _dump(end.thread_error) if end.thread_error else None,
+             end.updated_at, None if end.interrupts is None else _dump(end.interrupts), end.thread_id))
+        if end.checkpoint_next is not None:
+            db.execute("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
+                       (end.checkpoint_next[1], end.thread_id, end.checkpoint_next[0]))
+        found = db.execute("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = ? AND delivered = 0)",
+                           (end.thread_id,))
+        return bool(found.fetchone()[0])
+
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
         marks = ",".join("?" * len(alive_workers))
         orphaned = f"status IN ('pending', 'running') AND (worker_id IS NULL OR worker_id NOT IN ({marks}))"
@@ -354,8 +371,8 @@ class SQLiteStorage(Storage):
         return [(key, message_from_dict(json.loads(message))) for key, message in rows.fetchall()]
 
     async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
-        self.writer.executemany("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key = ?",
-                            [(thread_id, k) for k in keys])
+        self.writer.execute("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key IN "
+                            "(SELECT value FROM json_each(?))", (thread_id, _dump(list(keys))))
 
     async def threads_with_mail(self) -> list[str]:
         rows = self.db.execute("SELECT DISTINCT thread_id FROM inbox WHERE delivered = 0")

@@ -15,7 +15,7 @@ from typing import Any
 
 from backchannel.messages import AnyMessage
 
-__all__ = ["CheckpointRow", "ItemRow", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage"]
+__all__ = ["CheckpointRow", "ItemRow", "RunEnd", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage"]
 
 
 def now_iso() -> str:
@@ -65,6 +65,21 @@ class CheckpointRow:
     next: str  # the stage to continue at; "" when the run ended there
     metadata: dict[str, Any]
     created_at: str
+
+
+@dataclass(slots=True)
+class RunEnd:
+    """How a run ended: what :meth:`Storage.finish_run` records in one write."""
+
+    run_id: str
+    thread_id: str
+    status: str  # the run's: success, error, timeout or interrupted
+    thread_status: str  # idle, interrupted or error; busy instead while another run of the thread is active
+    updated_at: str
+    error: dict[str, Any] | None = None  # the run's error
+    thread_error: dict[str, Any] | None = None  # the thread's error, in LangGraph's shape
+    interrupts: list[dict[str, Any]] | None = None  # the thread's pending interrupts (None: unchanged)
+    checkpoint_next: tuple[str, str] | None = None  # (checkpoint_id, stage): where the thread continues
 
 
 @dataclass(slots=True)
@@ -141,6 +156,13 @@ class Storage(abc.ABC):
         A run is claimable when it is pending, its ``scheduled_at`` has passed,
         no other run of its thread is running and its concurrency key (if any)
         has fewer than its limit running; the oldest go first, one per thread.
+        """
+
+    @abc.abstractmethod
+    async def finish_run(self, end: RunEnd) -> bool:
+        """Record a run's end: its status and error; its thread's status (``busy`` while another run
+        of the thread is pending or running), error and interrupts; and, if given, the ``next`` stage
+        of the checkpoint the run stopped at. Returns whether the thread has undelivered inbox messages.
         """
 
     @abc.abstractmethod
