@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -107,12 +108,11 @@ class AsyncSubAgentMiddleware(Middleware):
         if spec.url is not None:
             raise ToolError(f"subagent {spec.name!r} is served at {spec.url}; remote subagents are not "
                             "available in this version")
-        thread = await rt.threads.create(metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
-                                                   "tool_call_id": runtime.tool_call_id})
-        task_id = thread["thread_id"]
-        run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id, input={
-            "messages": [HumanMessage(description)], "task_id": task_id, "parent_thread_id": ctx.thread_id,
-            "parent_assistant_id": ctx.metadata.get("graph_id")})
+        task_id = str(uuid.uuid4())  # the id of the task's thread, created with its first run
+        run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id, if_not_exists="create", metadata={
+            "parent_thread_id": ctx.thread_id, "subagent": spec.name, "tool_call_id": runtime.tool_call_id,
+        }, input={"messages": [HumanMessage(description)], "task_id": task_id, "parent_thread_id": ctx.thread_id,
+                  "parent_assistant_id": ctx.metadata.get("graph_id")})
         now = now_iso()
         task = {"task_id": task_id, "subagent": spec.name, "description": description, "status": "pending",
                 "run_id": run["run_id"], "tool_call_id": runtime.tool_call_id, "created_at": now, "updated_at": now}

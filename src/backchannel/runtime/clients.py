@@ -266,15 +266,17 @@ class RunsClient:
             thread_id = str(uuid.uuid4())
             if_not_exists = "create"
         thread = await rt.storage.get_thread(thread_id)
+        new_thread = thread is None
         if thread is None:
             if (if_not_exists or "reject") != "create":
                 raise NotFoundError(f"Thread with ID {thread_id} not found")
-            thread = await rt.ensure_thread(thread_id, {**dict(metadata or {})} if not temporary else {})
+            created = now_iso()  # stored below, with the run, already busy
+            thread = ThreadRow(thread_id, created, created, dict(metadata or {}) if not temporary else {})
         checkpoint_id = checkpoint_id or _checkpoint_id_of(checkpoint)
         if checkpoint_id and await rt.storage.get_checkpoint(thread_id, checkpoint_id) is None:
             raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
         strategy = multitask_strategy or "enqueue"
-        active = await rt.storage.active_runs(thread_id)
+        active = [] if new_thread else await rt.storage.active_runs(thread_id)
         if active and strategy == "reject":
             raise ConflictError(_BUSY)
         kwargs: dict[str, Any] = {
@@ -286,9 +288,10 @@ class RunsClient:
         if command and "resume" in command and not active:
             kwargs["resume_map"] = resume_map(thread, command["resume"])
         now = datetime.now(timezone.utc)
+        assistant = _assistant_id(graph_id)
         run_metadata = {**thread.metadata, **(config or {}).get("metadata", {}), **dict(metadata or {}),
-                        "graph_id": graph_id, "assistant_id": _assistant_id(graph_id)}
-        row = RunRow(str(uuid.uuid4()), thread_id, _assistant_id(graph_id), now.isoformat(), now.isoformat(),
+                        "graph_id": graph_id, "assistant_id": assistant}
+        row = RunRow(str(uuid.uuid4()), thread_id, assistant, now.isoformat(), now.isoformat(),
                      "pending", run_metadata, kwargs, strategy, rt.worker_id,
                      (now + timedelta(seconds=after_seconds or 0)).isoformat(),
                      concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
@@ -296,9 +299,12 @@ class RunsClient:
         # the first await (e.g. while the runs it supersedes are being cancelled).
         rt.new_stream(row)
         rt.remember_context(row.run_id)
+        thread.metadata = {**thread.metadata, "graph_id": graph_id, "assistant_id": assistant}
+        thread.status = "busy"
+        if not (new_thread and await rt.storage.create_thread(thread)):
+            await rt.storage.update_thread(thread_id, status="busy", metadata=thread.metadata,
+                                           updated_at=row.created_at)
         await rt.storage.create_run(row)
-        thread_meta = {**thread.metadata, "graph_id": graph_id, "assistant_id": _assistant_id(graph_id)}
-        await rt.storage.update_thread(thread_id, status="busy", metadata=thread_meta, updated_at=row.created_at)
         if active and strategy in ("interrupt", "rollback"):
             # Newest first, so a queued run cannot start in the gap left by the running one.
             for other in reversed(active):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import os
 import socket
@@ -37,7 +38,7 @@ from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
 from backchannel.runtime.clients import resume_map
 from backchannel.runtime.inbox import ThreadInbox
 from backchannel.runtime.modes import wants_values
-from backchannel.runtime.storage import RunEnd, RunRow, Storage, ThreadRow, now_iso, open_storage
+from backchannel.runtime.storage import RunEnd, RunRow, Storage, now_iso, open_storage
 from backchannel.runtime.streams import RunStream
 from backchannel.state import snapshot
 from backchannel.state import Reducer
@@ -55,6 +56,7 @@ _STREAMS_KEPT = 1000
 logger = logging.getLogger("backchannel")
 
 
+@functools.lru_cache(maxsize=1024)
 def assistant_id_for(graph_id: str) -> str:
     """The assistant id of a registered graph, as LangGraph computes it."""
     return str(uuid.uuid5(_ASSISTANT_NAMESPACE, graph_id))
@@ -496,15 +498,6 @@ class LocalRuntime:
             return self.graph_id_of(assistant_id)
         except NotFoundError:
             return None
-
-    async def ensure_thread(self, thread_id: str, metadata: Mapping[str, Any] | None = None) -> ThreadRow:
-        now = now_iso()
-        row = ThreadRow(thread_id, now, now, dict(metadata or {}))
-        if not await self.storage.create_thread(row):
-            existing = await self.storage.get_thread(thread_id)
-            assert existing is not None
-            return existing
-        return row
 
 
 _GOTO_STAGES = {"model": "before_model", "tools": "tools", "__end__": "", "end": ""}

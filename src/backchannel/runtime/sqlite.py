@@ -249,8 +249,8 @@ class SQLiteStorage(Storage):
                 if key:
                     running[key] = running.get(key, 0) + 1
                 claimed.append(row)
-            db.executemany("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ?",
-                           [(now, r.run_id) for r in claimed])
+            db.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id IN "
+                       "(SELECT value FROM json_each(?))", (now, _dump([r.run_id for r in claimed])))
         for row in claimed:
             row.status = "running"
         return claimed
