@@ -1,9 +1,49 @@
-"""Suite-wide checks."""
+"""Suite-wide checks and fixtures."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
 
 import pytest
+
+POSTGRES_ENV = "BACKCHANNEL_TEST_POSTGRES"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     # An empty run must fail loudly, never pass as "no tests ran".
     if not session.items:
         raise pytest.UsageError("no tests were collected: the suite lives in tests/ (see pyproject.toml)")
+
+
+def postgres_server() -> str:
+    """The test Postgres URL; skips the test when there is none (fails it in CI, which must have one)."""
+    url = os.environ.get(POSTGRES_ENV)
+    problem = None if url else f"no Postgres to test on: set {POSTGRES_ENV}=postgresql://... (.ci/run starts one)"
+    if url:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            problem = "psycopg is not installed: pip install -e '.[test]'"
+    if problem:
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail(f"CI must test on Postgres, but {problem}")
+        pytest.skip(problem)
+    return url
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A URL whose tables go to a fresh schema of the test Postgres, dropped after the test."""
+    import psycopg
+
+    base = postgres_server()
+    schema = f"test_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -13,6 +13,7 @@ __all__ = [
     "ModelError",
     "NotFoundError",
     "RunCancelled",
+    "SchemaVersionError",
 ]
 
 
@@ -60,3 +61,7 @@ class InvalidRequestError(BackchannelError, ValueError):
     def __init__(self, message: str, *, detail: Any = None) -> None:
         super().__init__(message)
         self.detail = detail
+
+
+class SchemaVersionError(BackchannelError):
+    """The database was migrated by a newer backchannel than this one."""

@@ -9,15 +9,27 @@ from runtime_helpers import echo_agent
 
 from backchannel.runtime import LocalRuntime
 
+BACKENDS = ["memory", "sqlite", "postgres"]
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def make_runtime(request, tmp_path):
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request, tmp_path):
+    """A fresh store of each backend in turn: memory, a SQLite file, a Postgres schema."""
+    if request.param == "memory":
+        return "memory"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/default.db"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+async def make_runtime(store_url):
     """``await make_runtime(agents, store=..., **kw)``: an open LocalRuntime, closed after the test.
 
-    Without ``store``, each test runs on both backends: memory and a SQLite file.
+    Without ``store``, each test runs on every backend: memory, a SQLite file and Postgres.
     """
     opened: list[LocalRuntime] = []
-    default = "memory" if request.param == "memory" else f"sqlite:///{tmp_path}/default.db"
+    default = store_url
 
     async def make(agents: dict[str, Any], store: Any = None, **kwargs: Any) -> LocalRuntime:
         rt = LocalRuntime(store=store or default, agents=agents, **kwargs)

@@ -398,5 +398,9 @@ async def test_wait_returns_the_run_s_own_end_state_with_runs_queued_behind_it(m
     tid = thread["thread_id"]
     a, b = await asyncio.gather(rt.runs.wait(tid, "agent", input=user("a")),
                                 rt.runs.wait(tid, "agent", input=user("b")))
-    assert contents(a) == ["a", "echo: a"]  # not the next run's input, though it started at once
-    assert contents(b) == ["a", "echo: a", "b", "echo: b"]
+    # Which of two concurrent submissions is stored first is up to the store (a network round trip
+    # each on Postgres); whichever ran first returns its own end state, not the next run's input.
+    first, second = (a, b) if contents(a)[0] == "a" else (b, a)
+    assert len(contents(first)) == 2 and contents(first)[1] == f"echo: {contents(first)[0]}"
+    assert contents(second)[:2] == contents(first) and len(contents(second)) == 4
+    assert sorted(contents(second)[::2]) == ["a", "b"]

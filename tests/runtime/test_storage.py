@@ -5,14 +5,12 @@ import uuid
 import pytest
 
 from backchannel.messages import HumanMessage
-from backchannel.runtime.memory import MemoryStorage
-from backchannel.runtime.sqlite import SQLiteStorage
-from backchannel.runtime.storage import CheckpointRow, RunEnd, RunRow, ThreadRow, now_iso
+from backchannel.runtime.storage import CheckpointRow, RunEnd, RunRow, ThreadRow, now_iso, open_storage
 
 
-@pytest.fixture(params=["sqlite", "memory"])
-async def storage(request, tmp_path):
-    s = SQLiteStorage(str(tmp_path / "s.db")) if request.param == "sqlite" else MemoryStorage()
+@pytest.fixture
+async def storage(store_url):
+    s = open_storage(store_url)
     await s.open()
     yield s
     await s.close()

@@ -382,19 +382,18 @@ class LocalRuntime:
 
     async def _cancelled(self, row: RunRow, action: str) -> str:
         self.checkpoints.forget(row.thread_id)
-        now = now_iso()
         error = None
         if action == "rollback":
             await self.storage.delete_checkpoints_of_run(row.thread_id, row.run_id)
-            await self.storage.delete_run(row.run_id)
         else:
-            await self.storage.update_run(row.run_id, status="interrupted", updated_at=now)
             error = {"error": "UserInterrupt",
                      "message": f"interrupt requested via POST /threads/{row.thread_id}/runs/{row.run_id}/cancel"}
-        others = [r for r in await self.storage.active_runs(row.thread_id) if r.run_id != row.run_id]
         head = await self.storage.head_checkpoint(row.thread_id)
-        status = "busy" if others else "interrupted" if head is not None and head.next else "idle"
-        await self.storage.update_thread(row.thread_id, status=status, updated_at=now, error=error)
+        await self.storage.finish_run(RunEnd(row.run_id, row.thread_id, "interrupted",
+                                             "interrupted" if head is not None and head.next else "idle", now_iso(),
+                                             thread_error=error))
+        if action == "rollback":
+            await self.storage.delete_run(row.run_id)
         return "interrupted"
 
     # -- cancelling and waiting ------------------------------------------------

@@ -19,45 +19,57 @@ from contextlib import contextmanager
 from typing import Any
 
 from backchannel.messages import AnyMessage, message_from_dict
-from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow
+from backchannel.runtime._migrations import VERSION_TABLE, to_apply
+from backchannel.runtime._rows import (
+    JSON_FIELDS,
+    SEP,
+    checkpoint_chain,
+    checkpoint_row,
+    dump,
+    item_row,
+    matching_namespaces,
+    run_row,
+    thread_order,
+    thread_row,
+)
+from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow, now_iso
 from backchannel.serde import dumps
 
 __all__ = ["SQLiteStorage"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS threads (
-    thread_id TEXT PRIMARY KEY, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
-    metadata TEXT NOT NULL, status TEXT NOT NULL, interrupts TEXT NOT NULL, error TEXT);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, assistant_id TEXT NOT NULL,
-    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, status TEXT NOT NULL, metadata TEXT NOT NULL,
-    kwargs TEXT NOT NULL, multitask_strategy TEXT NOT NULL, worker_id TEXT, scheduled_at TEXT NOT NULL,
-    error TEXT, concurrency_key TEXT, concurrency_limit INTEGER);
-CREATE INDEX IF NOT EXISTS runs_by_thread ON runs(thread_id, status);
-CREATE INDEX IF NOT EXISTS runs_by_status ON runs(status, worker_id);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    thread_id TEXT NOT NULL, seq INTEGER NOT NULL, checkpoint_id TEXT NOT NULL, parent_id TEXT,
-    run_id TEXT, delta TEXT NOT NULL, next TEXT NOT NULL, metadata TEXT NOT NULL, created_at TEXT NOT NULL,
-    PRIMARY KEY (thread_id, seq)) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_by_id ON checkpoints(thread_id, checkpoint_id);
-CREATE TABLE IF NOT EXISTS pending_writes (
-    thread_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (thread_id, key));
-CREATE TABLE IF NOT EXISTS inbox (
-    thread_id TEXT NOT NULL, key TEXT NOT NULL, message TEXT NOT NULL, created_at TEXT NOT NULL,
-    delivered INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (thread_id, key));
-CREATE TABLE IF NOT EXISTS items (
-    namespace TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL, PRIMARY KEY (namespace, key));
-CREATE TABLE IF NOT EXISTS workers (worker_id TEXT PRIMARY KEY, info TEXT NOT NULL, heartbeat_at TEXT NOT NULL);
-"""
+# Forward migrations, one tuple of statements per schema version (see _migrations.py). Version 1
+# creates the tables with IF NOT EXISTS, so files made before versions were recorded take it as is.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE IF NOT EXISTS threads (
+            thread_id TEXT PRIMARY KEY, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+            metadata TEXT NOT NULL, status TEXT NOT NULL, interrupts TEXT NOT NULL, error TEXT)""",
+        """CREATE TABLE IF NOT EXISTS runs (
+            run_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, assistant_id TEXT NOT NULL,
+            created_at TEXT NOT NULL, updated_at TEXT NOT NULL, status TEXT NOT NULL, metadata TEXT NOT NULL,
+            kwargs TEXT NOT NULL, multitask_strategy TEXT NOT NULL, worker_id TEXT, scheduled_at TEXT NOT NULL,
+            error TEXT, concurrency_key TEXT, concurrency_limit INTEGER)""",
+        "CREATE INDEX IF NOT EXISTS runs_by_thread ON runs(thread_id, status)",
+        "CREATE INDEX IF NOT EXISTS runs_by_status ON runs(status, worker_id)",
+        """CREATE TABLE IF NOT EXISTS checkpoints (
+            thread_id TEXT NOT NULL, seq INTEGER NOT NULL, checkpoint_id TEXT NOT NULL, parent_id TEXT,
+            run_id TEXT, delta TEXT NOT NULL, next TEXT NOT NULL, metadata TEXT NOT NULL, created_at TEXT NOT NULL,
+            PRIMARY KEY (thread_id, seq)) WITHOUT ROWID""",
+        "CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_by_id ON checkpoints(thread_id, checkpoint_id)",
+        """CREATE TABLE IF NOT EXISTS pending_writes (
+            thread_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (thread_id, key))""",
+        """CREATE TABLE IF NOT EXISTS inbox (
+            thread_id TEXT NOT NULL, key TEXT NOT NULL, message TEXT NOT NULL, created_at TEXT NOT NULL,
+            delivered INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (thread_id, key))""",
+        """CREATE TABLE IF NOT EXISTS items (
+            namespace TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL, PRIMARY KEY (namespace, key))""",
+        """CREATE TABLE IF NOT EXISTS workers (
+            worker_id TEXT PRIMARY KEY, info TEXT NOT NULL, heartbeat_at TEXT NOT NULL)""",
+    ),
+)
 
 _OPEN: dict[str, weakref.WeakSet[SQLiteStorage]] = {}  # this process's open storages, by file
-_SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
-_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
-
-
-def _dump(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), default=str)
 
 
 class SQLiteStorage(Storage):
@@ -111,7 +123,9 @@ class SQLiteStorage(Storage):
         if self.path != ":memory:":
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")
-        db.executescript(_SCHEMA)
+        for other in _OPEN.get(self.path, ()):  # their open transaction would lock the migration out
+            other._commit()
+        _migrate(db, self.path, _MIGRATIONS)
         self._db = db
         _OPEN.setdefault(self.path, weakref.WeakSet()).add(self)
         # A program that never closes the storage still keeps its last writes.
@@ -143,15 +157,15 @@ class SQLiteStorage(Storage):
         try:
             self.writer.execute(
                 "INSERT INTO threads VALUES (?,?,?,?,?,?,?)",
-                (row.thread_id, row.created_at, row.updated_at, _dump(row.metadata), row.status,
-                 _dump(row.interrupts), _dump(row.error) if row.error else None))
+                (row.thread_id, row.created_at, row.updated_at, dump(row.metadata), row.status,
+                 dump(row.interrupts), dump(row.error) if row.error else None))
         except sqlite3.IntegrityError:
             return False
         return True
 
     async def get_thread(self, thread_id: str) -> ThreadRow | None:
         found = self.db.execute("SELECT * FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
-        return _thread(found) if found else None
+        return thread_row(found) if found else None
 
     async def update_thread(self, thread_id: str, **fields: Any) -> None:
         self._update("threads", "thread_id", thread_id, fields)
@@ -168,7 +182,7 @@ class SQLiteStorage(Storage):
         clauses, params = ["1"], []
         for key, value in (metadata or {}).items():
             clauses.append("json_extract(metadata, ?) IS json_extract(?, '$')")
-            params += [f'$."{key}"', _dump(value)]
+            params += [f'$."{key}"', dump(value)]
         if status is not None:
             clauses.append("status = ?")
             params.append(status)
@@ -180,14 +194,12 @@ class SQLiteStorage(Storage):
     async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
                              ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
                              sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]:
-        if sort_by not in _THREAD_SORT:
-            raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
-        order = "ASC" if sort_order.lower() == "asc" else "DESC"
+        sort_by, order = thread_order(sort_by, sort_order)
         where, params = self._thread_filter(metadata, status, ids)
         rows = self.db.execute(
             f"SELECT * FROM threads WHERE {where} ORDER BY {sort_by} {order}, rowid {order} LIMIT ? OFFSET ?",
             (*params, limit, offset)).fetchall()
-        return [_thread(r) for r in rows]
+        return [thread_row(r) for r in rows]
 
     async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:
         where, params = self._thread_filter(metadata, status)
@@ -199,13 +211,13 @@ class SQLiteStorage(Storage):
         self.writer.execute(
             "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
-             _dump(row.metadata), _dump(row.kwargs), row.multitask_strategy, row.worker_id,
-             row.scheduled_at, _dump(row.error) if row.error else None, row.concurrency_key,
+             dump(row.metadata), dump(row.kwargs), row.multitask_strategy, row.worker_id,
+             row.scheduled_at, dump(row.error) if row.error else None, row.concurrency_key,
              row.concurrency_limit))
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return _run(found) if found else None
+        return run_row(found) if found else None
 
     async def update_run(self, run_id: str, **fields: Any) -> None:
         self._update("runs", "run_id", run_id, fields)
@@ -221,13 +233,13 @@ class SQLiteStorage(Storage):
             params.append(status)
         rows = self.db.execute(f"SELECT * FROM runs WHERE {where} ORDER BY rowid DESC LIMIT ? OFFSET ?",
                                (*params, limit, offset)).fetchall()
-        return [_run(r) for r in rows]
+        return [run_row(r) for r in rows]
 
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         rows = self.db.execute(
             "SELECT * FROM runs WHERE thread_id = ? AND status IN ('pending', 'running') ORDER BY rowid",
             (thread_id,)).fetchall()
-        return [_run(r) for r in rows]
+        return [run_row(r) for r in rows]
 
     async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
         with self._transaction() as db:
@@ -239,7 +251,7 @@ class SQLiteStorage(Storage):
                                       "AND concurrency_key IS NOT NULL GROUP BY concurrency_key").fetchall())
             claimed: list[RunRow] = []
             threads: set[str] = set()
-            for row in map(_run, candidates):
+            for row in map(run_row, candidates):
                 if len(claimed) == limit:
                     break
                 key = row.concurrency_key
@@ -250,7 +262,7 @@ class SQLiteStorage(Storage):
                     running[key] = running.get(key, 0) + 1
                 claimed.append(row)
             db.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id IN "
-                       "(SELECT value FROM json_each(?))", (now, _dump([r.run_id for r in claimed])))
+                       "(SELECT value FROM json_each(?))", (now, dump([r.run_id for r in claimed])))
         for row in claimed:
             row.status = "running"
         return claimed
@@ -258,13 +270,13 @@ class SQLiteStorage(Storage):
     async def finish_run(self, end: RunEnd) -> bool:
         db = self.writer
         db.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
-                   (end.status, _dump(end.error) if end.error else None, end.updated_at, end.run_id))
+                   (end.status, dump(end.error) if end.error else None, end.updated_at, end.run_id))
         db.execute(
             "UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = ? AND status IN "
             "('pending', 'running')) THEN 'busy' ELSE ? END, error = ?, updated_at = ?, "
             "interrupts = coalesce(?, interrupts) WHERE thread_id = ?",
-            (end.thread_id, end.thread_status, _dump(end.thread_error) if end.thread_error else None,
-             end.updated_at, None if end.interrupts is None else _dump(end.interrupts), end.thread_id))
+            (end.thread_id, end.thread_status, dump(end.thread_error) if end.thread_error else None,
+             end.updated_at, None if end.interrupts is None else dump(end.interrupts), end.thread_id))
         if end.checkpoint_next is not None:
             db.execute("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
                        (end.checkpoint_next[1], end.thread_id, end.checkpoint_next[0]))
@@ -279,13 +291,13 @@ class SQLiteStorage(Storage):
             rows = db.execute(f"SELECT * FROM runs WHERE {orphaned} ORDER BY rowid", tuple(alive_workers)).fetchall()
             db.execute(f"UPDATE runs SET status = 'pending', worker_id = ? WHERE {orphaned}",
                        (new_worker_id, *alive_workers))
-        return [_run(r) for r in rows]
+        return [run_row(r) for r in rows]
 
     # -- workers
 
     async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None:
         self.writer.execute("INSERT INTO workers VALUES (?,?,?) ON CONFLICT(worker_id) DO UPDATE "
-                        "SET heartbeat_at = excluded.heartbeat_at", (worker_id, _dump(info), now))
+                        "SET heartbeat_at = excluded.heartbeat_at", (worker_id, dump(info), now))
 
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
         rows = self.db.execute("SELECT worker_id, info, heartbeat_at FROM workers").fetchall()
@@ -299,17 +311,17 @@ class SQLiteStorage(Storage):
     async def put_checkpoint(self, row: CheckpointRow) -> None:
         self.writer.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
                         (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, dumps(row.delta),
-                         row.next, _dump(row.metadata), row.created_at))
+                         row.next, dump(row.metadata), row.created_at))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
                                 (thread_id, checkpoint_id)).fetchone()
-        return _checkpoint(found) if found else None
+        return checkpoint_row(found) if found else None
 
     async def head_checkpoint(self, thread_id: str) -> CheckpointRow | None:
         found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? ORDER BY seq DESC LIMIT 1",
                                 (thread_id,)).fetchone()
-        return _checkpoint(found) if found else None
+        return checkpoint_row(found) if found else None
 
     async def list_checkpoints(self, thread_id: str, *, limit: int | None = None,
                                before_seq: int | None = None) -> list[CheckpointRow]:
@@ -319,7 +331,7 @@ class SQLiteStorage(Storage):
             params.append(before_seq)
         rows = self.db.execute(f"SELECT * FROM checkpoints WHERE {where} ORDER BY seq DESC LIMIT ?",
                                (*params, -1 if limit is None else limit)).fetchall()
-        return [_checkpoint(r) for r in rows]
+        return [checkpoint_row(r) for r in rows]
 
     async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
         head = await self.get_checkpoint(thread_id, checkpoint_id)
@@ -327,15 +339,7 @@ class SQLiteStorage(Storage):
             return []
         rows = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND seq <= ? ORDER BY seq",
                                (thread_id, head.seq)).fetchall()
-        by_id = {r[2]: r for r in rows}
-        chain: list[CheckpointRow] = []
-        current: str | None = checkpoint_id
-        while current is not None:
-            row = by_id[current]
-            chain.append(_checkpoint(row))
-            current = row[3]
-        chain.reverse()
-        return chain
+        return checkpoint_chain(rows, checkpoint_id)
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         self.writer.execute("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
@@ -372,7 +376,7 @@ class SQLiteStorage(Storage):
 
     async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
         self.writer.execute("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key IN "
-                            "(SELECT value FROM json_each(?))", (thread_id, _dump(list(keys))))
+                            "(SELECT value FROM json_each(?))", (thread_id, dump(list(keys))))
 
     async def threads_with_mail(self) -> list[str]:
         rows = self.db.execute("SELECT DISTINCT thread_id FROM inbox WHERE delivered = 0")
@@ -383,40 +387,35 @@ class SQLiteStorage(Storage):
     async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
         self.writer.execute("INSERT INTO items VALUES (?,?,?,?,?) ON CONFLICT(namespace, key) DO UPDATE "
                         "SET value = excluded.value, updated_at = excluded.updated_at",
-                        (_SEP.join(namespace), key, _dump(value), now, now))
+                        (SEP.join(namespace), key, dump(value), now, now))
 
     async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
         found = self.db.execute("SELECT * FROM items WHERE namespace = ? AND key = ?",
-                                (_SEP.join(namespace), key)).fetchone()
-        return _item(found) if found else None
+                                (SEP.join(namespace), key)).fetchone()
+        return item_row(found) if found else None
 
     async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
-        self.writer.execute("DELETE FROM items WHERE namespace = ? AND key = ?", (_SEP.join(namespace), key))
+        self.writer.execute("DELETE FROM items WHERE namespace = ? AND key = ?", (SEP.join(namespace), key))
 
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
                            limit: int = 10, offset: int = 0) -> list[ItemRow]:
         clauses, params = ["1"], []
         if prefix:
-            joined = _SEP.join(prefix)
+            joined = SEP.join(prefix)
             clauses.append("(namespace = ? OR substr(namespace, 1, ?) = ?)")
-            params += [joined, len(joined) + 1, joined + _SEP]
+            params += [joined, len(joined) + 1, joined + SEP]
         for key, value in (filter or {}).items():
             clauses.append("json_extract(value, ?) IS json_extract(?, '$')")
-            params += [f'$."{key}"', _dump(value)]
+            params += [f'$."{key}"', dump(value)]
         rows = self.db.execute(f"SELECT * FROM items WHERE {' AND '.join(clauses)} "
                                "ORDER BY updated_at DESC LIMIT ? OFFSET ?", (*params, limit, offset)).fetchall()
-        return [_item(r) for r in rows]
+        return [item_row(r) for r in rows]
 
     async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),
                               max_depth: int | None = None, limit: int = 100,
                               offset: int = 0) -> list[tuple[str, ...]]:
-        found: set[tuple[str, ...]] = set()
-        for (joined,) in self.db.execute("SELECT DISTINCT namespace FROM items"):
-            ns = tuple(joined.split(_SEP))
-            if ns[: len(prefix)] != prefix or (suffix and ns[-len(suffix):] != suffix):
-                continue
-            found.add(ns[:max_depth] if max_depth is not None else ns)
-        return sorted(found)[offset: offset + limit]
+        rows = self.db.execute("SELECT DISTINCT namespace FROM items")
+        return matching_namespaces((joined for (joined,) in rows), prefix, suffix, max_depth, limit, offset)
 
     # -- helpers
 
@@ -424,19 +423,26 @@ class SQLiteStorage(Storage):
         if not fields:
             return
         columns = ", ".join(f"{name} = ?" for name in fields)
-        params = [_dump(v) if name in ("metadata", "kwargs", "interrupts", "error") and v is not None else v
+        params = [dump(v) if name in JSON_FIELDS and v is not None else v
                   for name, v in fields.items()]
         self.writer.execute(f"UPDATE {table} SET {columns} WHERE {key} = ?", (*params, value))
 
 
-def _thread(row: tuple[Any, ...]) -> ThreadRow:
-    return ThreadRow(row[0], row[1], row[2], json.loads(row[3]), row[4], json.loads(row[5]),
-                     json.loads(row[6]) if row[6] else None)
-
-
-def _run(row: tuple[Any, ...]) -> RunRow:
-    return RunRow(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), json.loads(row[7]),
-                  row[8], row[9], row[10], json.loads(row[11]) if row[11] else None, row[12], row[13])
+def _migrate(db: sqlite3.Connection, path: str, migrations: Sequence[Sequence[str]]) -> None:
+    """Bring the file's schema up to date, one transaction for all steps (other processes wait)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+        current = db.execute(f"SELECT coalesce(max(version), 0) FROM {VERSION_TABLE}").fetchone()[0]
+        for version, statements in to_apply(current, migrations, path):
+            for statement in statements:
+                db.execute(statement)
+            db.execute(f"INSERT INTO {VERSION_TABLE} VALUES (?, ?)", (version, now_iso()))
+    except BaseException:
+        db.execute("ROLLBACK")
+        db.close()
+        raise
+    db.execute("COMMIT")
 
 
 def _commit_and_close(db: sqlite3.Connection) -> None:
@@ -445,34 +451,3 @@ def _commit_and_close(db: sqlite3.Connection) -> None:
     db.close()
 
 
-class _LazyDelta(Mapping[str, Any]):
-    """A checkpoint's delta, parsed on first use: most reads of a checkpoint never look at it."""
-
-    __slots__ = ("_text", "_data")
-
-    def __init__(self, text: str) -> None:
-        self._text = text
-        self._data: dict[str, Any] | None = None
-
-    def _parsed(self) -> dict[str, Any]:
-        if self._data is None:
-            self._data = json.loads(self._text)
-        return self._data
-
-    def __getitem__(self, key: str) -> Any:
-        return self._parsed()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._parsed())
-
-    def __len__(self) -> int:
-        return len(self._parsed())
-
-
-def _checkpoint(row: tuple[Any, ...]) -> CheckpointRow:
-    return CheckpointRow(row[0], row[2], row[3], row[1], row[4], _LazyDelta(row[5]), row[6], json.loads(row[7]),
-                         row[8])
-
-
-def _item(row: tuple[Any, ...]) -> ItemRow:
-    return ItemRow(tuple(row[0].split(_SEP)), row[1], json.loads(row[2]), row[3], row[4])

@@ -1,0 +1,99 @@
+"""Rows as SQL backends store them: JSON text columns, namespaces joined into one label string.
+
+Shared by the SQLite and Postgres backends, which select their columns in the
+same order and decode them here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, ThreadRow
+
+__all__ = ["JSON_FIELDS", "SEP", "LazyDelta", "checkpoint_chain", "checkpoint_row", "dump", "item_row",
+           "matching_namespaces", "run_row", "thread_order", "thread_row"]
+
+SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
+_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
+JSON_FIELDS = frozenset({"metadata", "kwargs", "interrupts", "error"})  # row fields stored as JSON text
+
+
+def dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def thread_row(row: tuple[Any, ...]) -> ThreadRow:
+    return ThreadRow(row[0], row[1], row[2], json.loads(row[3]), row[4], json.loads(row[5]),
+                     json.loads(row[6]) if row[6] else None)
+
+
+def run_row(row: tuple[Any, ...]) -> RunRow:
+    return RunRow(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), json.loads(row[7]),
+                  row[8], row[9], row[10], json.loads(row[11]) if row[11] else None, row[12], row[13])
+
+
+class LazyDelta(Mapping[str, Any]):
+    """A checkpoint's delta, parsed on first use: most reads of a checkpoint never look at it."""
+
+    __slots__ = ("_text", "_data")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._data: dict[str, Any] | None = None
+
+    def _parsed(self) -> dict[str, Any]:
+        if self._data is None:
+            self._data = json.loads(self._text)
+        return self._data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._parsed()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parsed())
+
+    def __len__(self) -> int:
+        return len(self._parsed())
+
+
+def checkpoint_row(row: tuple[Any, ...]) -> CheckpointRow:
+    return CheckpointRow(row[0], row[2], row[3], row[1], row[4], LazyDelta(row[5]), row[6], json.loads(row[7]),
+                         row[8])
+
+
+def item_row(row: tuple[Any, ...]) -> ItemRow:
+    return ItemRow(tuple(row[0].split(SEP)), row[1], json.loads(row[2]), row[3], row[4])
+
+
+def thread_order(sort_by: str, sort_order: str) -> tuple[str, str]:
+    """The column and direction to sort threads by; ``ValueError`` for a column that is not sortable."""
+    if sort_by not in _THREAD_SORT:
+        raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
+    return sort_by, "ASC" if sort_order.lower() == "asc" else "DESC"
+
+
+def checkpoint_chain(rows: Iterable[tuple[Any, ...]], checkpoint_id: str) -> list[CheckpointRow]:
+    """From a thread's checkpoint rows, the chain from its first checkpoint to ``checkpoint_id``."""
+    by_id = {r[2]: r for r in rows}
+    chain: list[CheckpointRow] = []
+    current: str | None = checkpoint_id if checkpoint_id in by_id else None
+    while current is not None:
+        row = by_id[current]
+        chain.append(checkpoint_row(row))
+        current = row[3]
+    chain.reverse()
+    return chain
+
+
+def matching_namespaces(joined: Iterable[str], prefix: tuple[str, ...], suffix: tuple[str, ...],
+                        max_depth: int | None, limit: int, offset: int) -> list[tuple[str, ...]]:
+    """The distinct stored namespaces with this prefix and suffix, cut at ``max_depth``, sorted."""
+    found: set[tuple[str, ...]] = set()
+    for labels in joined:
+        ns = tuple(labels.split(SEP))
+        if ns[: len(prefix)] != prefix or (suffix and ns[-len(suffix):] != suffix):
+            continue
+        found.add(ns[:max_depth] if max_depth is not None else ns)
+    return sorted(found)[offset: offset + limit]

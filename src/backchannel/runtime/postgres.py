@@ -1,0 +1,504 @@
+"""Postgres storage: one database shared by any number of runtimes, on any number of machines.
+
+``LocalRuntime("postgresql://user:pass@host/db")``, with psycopg 3 (async, a
+connection pool) from the ``postgres`` extra. Tables live in the first schema of
+the connection's ``search_path``, so several deployments can share a database
+(``?options=-csearch_path%3Dmyapp``).
+
+Claims are safe between processes: a run is claimed under ``FOR UPDATE SKIP
+LOCKED``, and its thread (and concurrency key) under a transaction-scoped
+advisory lock, so two workers never start runs of one thread at once; a
+partial unique index makes that a database invariant too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from backchannel.messages import AnyMessage, message_from_dict
+from backchannel.runtime._migrations import VERSION_TABLE, to_apply
+from backchannel.runtime._rows import (
+    JSON_FIELDS,
+    SEP,
+    checkpoint_chain,
+    checkpoint_row,
+    dump,
+    item_row,
+    matching_namespaces,
+    run_row,
+    thread_order,
+    thread_row,
+)
+from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow, now_iso
+from backchannel.serde import dumps
+
+__all__ = ["PostgresStorage"]
+
+T = TypeVar("T")
+
+# Forward migrations, one tuple of statements per schema version (see _migrations.py).
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE threads (
+            thread_id TEXT PRIMARY KEY, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+            metadata JSONB NOT NULL, status TEXT NOT NULL, interrupts TEXT NOT NULL, error TEXT,
+            seq BIGINT GENERATED ALWAYS AS IDENTITY)""",
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, assistant_id TEXT NOT NULL,
+            created_at TEXT NOT NULL, updated_at TEXT NOT NULL, status TEXT NOT NULL, metadata TEXT NOT NULL,
+            kwargs TEXT NOT NULL, multitask_strategy TEXT NOT NULL, worker_id TEXT, scheduled_at TEXT NOT NULL,
+            error TEXT, concurrency_key TEXT, concurrency_limit INTEGER,
+            seq BIGINT GENERATED ALWAYS AS IDENTITY)""",
+        "CREATE INDEX runs_by_thread ON runs(thread_id, status)",
+        "CREATE INDEX runs_pending ON runs(seq) WHERE status = 'pending'",
+        "CREATE INDEX runs_by_worker ON runs(worker_id) WHERE status IN ('pending', 'running')",
+        # One running run per thread, whatever process runs it.
+        "CREATE UNIQUE INDEX one_running_run_per_thread ON runs(thread_id) WHERE status = 'running'",
+        """CREATE TABLE checkpoints (
+            thread_id TEXT NOT NULL, seq INTEGER NOT NULL, checkpoint_id TEXT NOT NULL, parent_id TEXT,
+            run_id TEXT, delta TEXT NOT NULL, next TEXT NOT NULL, metadata TEXT NOT NULL, created_at TEXT NOT NULL,
+            PRIMARY KEY (thread_id, seq))""",
+        "CREATE UNIQUE INDEX checkpoints_by_id ON checkpoints(thread_id, checkpoint_id)",
+        """CREATE TABLE pending_writes (
+            thread_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (thread_id, key))""",
+        """CREATE TABLE inbox (
+            thread_id TEXT NOT NULL, key TEXT NOT NULL, message TEXT NOT NULL, created_at TEXT NOT NULL,
+            delivered BOOLEAN NOT NULL DEFAULT FALSE, seq BIGINT GENERATED ALWAYS AS IDENTITY,
+            PRIMARY KEY (thread_id, key))""",
+        "CREATE INDEX inbox_undelivered ON inbox(thread_id) WHERE NOT delivered",
+        """CREATE TABLE items (
+            namespace TEXT NOT NULL, key TEXT NOT NULL, value JSONB NOT NULL, created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL, PRIMARY KEY (namespace, key))""",
+        """CREATE TABLE workers (
+            worker_id TEXT PRIMARY KEY, info TEXT NOT NULL, heartbeat_at TEXT NOT NULL)""",
+    ),
+)
+
+_THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, interrupts, error"
+_RUN_COLUMNS = ("run_id, thread_id, assistant_id, created_at, updated_at, status, metadata, kwargs, "
+                "multitask_strategy, worker_id, scheduled_at, error, concurrency_key, concurrency_limit")
+_CHECKPOINT_COLUMNS = "thread_id, seq, checkpoint_id, parent_id, run_id, delta, next, metadata, created_at"
+_ITEM_COLUMNS = "namespace, key, value::text, created_at, updated_at"
+_JSONB = {"threads": frozenset({"metadata"})}  # columns that are JSONB (searched), not JSON text
+
+# Keys of the advisory locks (the first of their two int4 keys): who migrates, who claims a thread or key.
+_MIGRATION_LOCK = 0x6263_0001
+_THREAD_LOCK = 0x6263_0002
+_KEY_LOCK = 0x6263_0003
+
+
+class PostgresStorage(Storage):
+    """Storage in a Postgres database, through a pool of async psycopg connections."""
+
+    def __init__(self, url: str, *, min_connections: int = 1, max_connections: int = 10) -> None:
+        self.url = _psycopg_url(url)
+        self.min_connections = min_connections
+        self.max_connections = max_connections
+        self._pool: AsyncConnectionPool | None = None
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        if self._pool is None:
+            raise RuntimeError("the storage is not open")
+        return self._pool
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        # A first connection of its own: an unreachable database fails here with its real error
+        # (the pool would retry until a timeout), and the schema is migrated before any use.
+        async with await AsyncConnection.connect(self.url, autocommit=True) as conn:
+            await _migrate(conn, _describe(self.url))
+        pool = AsyncConnectionPool(self.url, min_size=self.min_connections, max_size=self.max_connections,
+                                   kwargs={"autocommit": True}, open=False)
+        await pool.open(wait=True)
+        self._pool = pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    async def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        return await _whole(self._fetch(sql, params, "one"))
+
+    async def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return await _whole(self._fetch(sql, params, "all"))
+
+    async def _write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; returns how many rows it changed."""
+        return await _whole(self._fetch(sql, params, "rowcount"))
+
+    async def _fetch(self, sql: str, params: Sequence[Any], what: str) -> Any:
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(sql, params)
+            if what == "rowcount":
+                return cursor.rowcount
+            return await (cursor.fetchone() if what == "one" else cursor.fetchall())
+
+    # -- threads
+
+    async def create_thread(self, row: ThreadRow) -> bool:
+        return bool(await self._write(
+            "INSERT INTO threads VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s) ON CONFLICT (thread_id) DO NOTHING",
+            (row.thread_id, row.created_at, row.updated_at, dump(row.metadata), row.status, dump(row.interrupts),
+             dump(row.error) if row.error else None)))
+
+    async def get_thread(self, thread_id: str) -> ThreadRow | None:
+        found = await self._one(f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = %s", (thread_id,))
+        return thread_row(found) if found else None
+
+    async def update_thread(self, thread_id: str, **fields: Any) -> None:
+        await self._update("threads", "thread_id", thread_id, fields)
+
+    async def delete_thread(self, thread_id: str) -> bool:
+        return await _whole(self._delete_thread(thread_id))
+
+    async def _delete_thread(self, thread_id: str) -> bool:
+        async with self.pool.connection() as conn, conn.transaction():
+            deleted = (await conn.execute("DELETE FROM threads WHERE thread_id = %s", (thread_id,))).rowcount
+            for table in ("runs", "checkpoints", "pending_writes", "inbox"):
+                await conn.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread_id,))
+        return bool(deleted)
+
+    def _thread_filter(self, metadata: dict[str, Any] | None, status: str | None,
+                       ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
+        clauses, params = ["TRUE"], []
+        for key, value in (metadata or {}).items():
+            clauses.append(_json_equals("metadata"))
+            params += [key, dump(value)]
+        if status is not None:
+            clauses.append("status = %s")
+            params.append(status)
+        if ids is not None:
+            clauses.append("thread_id = ANY(%s)")
+            params.append(list(ids))
+        return " AND ".join(clauses), params
+
+    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
+                             ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
+                             sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]:
+        sort_by, order = thread_order(sort_by, sort_order)
+        where, params = self._thread_filter(metadata, status, ids)
+        rows = await self._all(f"SELECT {_THREAD_COLUMNS} FROM threads WHERE {where} "
+                               f"ORDER BY {sort_by} {order}, seq {order} LIMIT %s OFFSET %s", (*params, limit, offset))
+        return [thread_row(r) for r in rows]
+
+    async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:
+        where, params = self._thread_filter(metadata, status)
+        found = await self._one(f"SELECT count(*) FROM threads WHERE {where}", params)
+        assert found is not None
+        return found[0]
+
+    # -- runs
+
+    async def create_run(self, row: RunRow) -> None:
+        await self._write(
+            f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
+             dump(row.metadata), dump(row.kwargs), row.multitask_strategy, row.worker_id, row.scheduled_at,
+             dump(row.error) if row.error else None, row.concurrency_key, row.concurrency_limit))
+
+    async def get_run(self, run_id: str) -> RunRow | None:
+        found = await self._one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
+        return run_row(found) if found else None
+
+    async def update_run(self, run_id: str, **fields: Any) -> None:
+        await self._update("runs", "run_id", run_id, fields)
+
+    async def delete_run(self, run_id: str) -> bool:
+        return bool(await self._write("DELETE FROM runs WHERE run_id = %s", (run_id,)))
+
+    async def list_runs(self, thread_id: str, *, status: str | None = None, limit: int = 10,
+                        offset: int = 0) -> list[RunRow]:
+        where, params = "thread_id = %s", [thread_id]
+        if status is not None:
+            where += " AND status = %s"
+            params.append(status)
+        rows = await self._all(f"SELECT {_RUN_COLUMNS} FROM runs WHERE {where} ORDER BY seq DESC LIMIT %s OFFSET %s",
+                               (*params, limit, offset))
+        return [run_row(r) for r in rows]
+
+    async def active_runs(self, thread_id: str) -> list[RunRow]:
+        rows = await self._all(f"SELECT {_RUN_COLUMNS} FROM runs WHERE thread_id = %s "
+                               "AND status IN ('pending', 'running') ORDER BY seq", (thread_id,))
+        return [run_row(r) for r in rows]
+
+    async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
+        if limit <= 0:
+            return []
+        return await _whole(self._claim(worker_id, limit, now))
+
+    async def _claim(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
+        async with self.pool.connection() as conn, conn.transaction():
+            # The oldest pending run of each thread with none running; runs another worker is claiming
+            # right now are locked, and skipped.
+            candidates = [run_row(r) for r in await (await conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id IN ("
+                " SELECT DISTINCT ON (thread_id) run_id FROM runs r WHERE status = 'pending' AND worker_id = %s"
+                " AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id AND x.status = 'running')"
+                " ORDER BY thread_id, seq) AND scheduled_at <= %s ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED",
+                (worker_id, now, limit))).fetchall()]
+            if not candidates:
+                return []
+            claimed = await _lock_claims(conn, candidates)
+            if not claimed:
+                return []
+            # Under the locks, a fresh look: a run another worker claimed and committed meanwhile shows now.
+            taken = {r[0] for r in await (await conn.execute(
+                "UPDATE runs SET status = 'running', updated_at = %s WHERE run_id = ANY(%s) AND NOT EXISTS "
+                "(SELECT 1 FROM runs x WHERE x.thread_id = runs.thread_id AND x.status = 'running') RETURNING run_id",
+                (now, [r.run_id for r in claimed]))).fetchall()}
+        claimed = [r for r in claimed if r.run_id in taken]
+        for row in claimed:
+            row.status, row.updated_at = "running", now
+        return claimed
+
+    async def finish_run(self, end: RunEnd) -> bool:
+        # One statement: the parts see the database as it was before it, hence "run_id <> the run".
+        checkpoint_id, stage = end.checkpoint_next or (None, None)
+        found = await self._one(
+            "WITH r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s "
+            "  WHERE run_id = %(run)s), "
+            "t AS (UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s "
+            "  AND run_id <> %(run)s AND status IN ('pending', 'running')) THEN 'busy' ELSE %(thread_status)s END, "
+            "  error = %(thread_error)s, updated_at = %(at)s, interrupts = coalesce(%(interrupts)s, interrupts) "
+            "  WHERE thread_id = %(thread)s), "
+            "c AS (UPDATE checkpoints SET next = %(stage)s WHERE thread_id = %(thread)s "
+            "  AND checkpoint_id = %(checkpoint)s) "
+            "SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %(thread)s AND NOT delivered)",
+            {"status": end.status, "error": dump(end.error) if end.error else None, "at": end.updated_at,
+             "run": end.run_id, "thread": end.thread_id, "thread_status": end.thread_status,
+             "thread_error": dump(end.thread_error) if end.thread_error else None,
+             "interrupts": None if end.interrupts is None else dump(end.interrupts),
+             "stage": stage, "checkpoint": checkpoint_id})
+        return bool(found and found[0])
+
+    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
+        rows = await self._all(
+            "UPDATE runs SET status = 'pending', worker_id = %s WHERE status IN ('pending', 'running') "
+            f"AND (worker_id IS NULL OR NOT worker_id = ANY(%s)) RETURNING seq, {_RUN_COLUMNS}",
+            (new_worker_id, list(alive_workers)))
+        # RETURNING gives the rows as they were before the update; the caller wants them as found.
+        return [run_row(r[1:]) for r in sorted(rows)]
+
+    # -- workers
+
+    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None:
+        await self._write("INSERT INTO workers VALUES (%s, %s, %s) ON CONFLICT (worker_id) DO UPDATE "
+                          "SET heartbeat_at = excluded.heartbeat_at", (worker_id, dump(info), now))
+
+    async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
+        rows = await self._all("SELECT worker_id, info, heartbeat_at FROM workers")
+        return {w: (json.loads(info), at) for w, info, at in rows}
+
+    async def forget_worker(self, worker_id: str) -> None:
+        await self._write("DELETE FROM workers WHERE worker_id = %s", (worker_id,))
+
+    # -- checkpoints
+
+    async def put_checkpoint(self, row: CheckpointRow) -> None:
+        await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                          (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, dumps(row.delta),
+                           row.next, dump(row.metadata), row.created_at))
+
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
+        found = await self._one(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints "
+                                "WHERE thread_id = %s AND checkpoint_id = %s", (thread_id, checkpoint_id))
+        return checkpoint_row(found) if found else None
+
+    async def head_checkpoint(self, thread_id: str) -> CheckpointRow | None:
+        found = await self._one(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = %s "
+                                "ORDER BY seq DESC LIMIT 1", (thread_id,))
+        return checkpoint_row(found) if found else None
+
+    async def list_checkpoints(self, thread_id: str, *, limit: int | None = None,
+                               before_seq: int | None = None) -> list[CheckpointRow]:
+        where, params = "thread_id = %s", [thread_id]
+        if before_seq is not None:
+            where += " AND seq < %s"
+            params.append(before_seq)
+        rows = await self._all(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE {where} "
+                               "ORDER BY seq DESC LIMIT %s", (*params, limit))
+        return [checkpoint_row(r) for r in rows]
+
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
+        rows = await self._all(
+            f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = %s AND seq <= "
+            "(SELECT seq FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s) ORDER BY seq",
+            (thread_id, thread_id, checkpoint_id))
+        return checkpoint_chain(rows, checkpoint_id)
+
+    async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
+        await self._write("UPDATE checkpoints SET next = %s WHERE thread_id = %s AND checkpoint_id = %s",
+                          (next, thread_id, checkpoint_id))
+
+    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
+        await self._write("DELETE FROM checkpoints WHERE thread_id = %s AND run_id = %s", (thread_id, run_id))
+
+    async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
+        await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT %s, seq, checkpoint_id, "
+                          "parent_id, run_id, delta, next, metadata, created_at FROM checkpoints WHERE thread_id = %s",
+                          (new_thread_id, thread_id))
+
+    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
+        await self._write("INSERT INTO pending_writes VALUES (%s, %s, %s) ON CONFLICT (thread_id, key) "
+                          "DO UPDATE SET value = excluded.value", (thread_id, key, dumps(value)))
+
+    async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
+        rows = await self._all("SELECT key, value FROM pending_writes WHERE thread_id = %s", (thread_id,))
+        return {key: json.loads(value) for key, value in rows}
+
+    async def clear_pending_writes(self, thread_id: str) -> None:
+        await self._write("DELETE FROM pending_writes WHERE thread_id = %s", (thread_id,))
+
+    # -- inbox
+
+    async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
+        return bool(await self._write(
+            "INSERT INTO inbox (thread_id, key, message, created_at) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (thread_id, key) DO NOTHING", (thread_id, key, dumps(message), now)))
+
+    async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
+        rows = await self._all("SELECT key, message FROM inbox WHERE thread_id = %s AND NOT delivered "
+                               "ORDER BY created_at, seq", (thread_id,))
+        return [(key, message_from_dict(json.loads(message))) for key, message in rows]
+
+    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
+        if keys:
+            await self._write("UPDATE inbox SET delivered = TRUE WHERE thread_id = %s AND key = ANY(%s)",
+                              (thread_id, list(keys)))
+
+    async def threads_with_mail(self) -> list[str]:
+        return [r[0] for r in await self._all("SELECT DISTINCT thread_id FROM inbox WHERE NOT delivered")]
+
+    # -- items
+
+    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
+        await self._write("INSERT INTO items VALUES (%s, %s, %s::jsonb, %s, %s) ON CONFLICT (namespace, key) "
+                          "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                          (SEP.join(namespace), key, dump(value), now, now))
+
+    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
+        found = await self._one(f"SELECT {_ITEM_COLUMNS} FROM items WHERE namespace = %s AND key = %s",
+                                (SEP.join(namespace), key))
+        return item_row(found) if found else None
+
+    async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
+        await self._write("DELETE FROM items WHERE namespace = %s AND key = %s", (SEP.join(namespace), key))
+
+    async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
+                           limit: int = 10, offset: int = 0) -> list[ItemRow]:
+        clauses, params = ["TRUE"], []
+        if prefix:
+            joined = SEP.join(prefix)
+            clauses.append("(namespace = %s OR starts_with(namespace, %s))")
+            params += [joined, joined + SEP]
+        for key, value in (filter or {}).items():
+            clauses.append(_json_equals("value"))
+            params += [key, dump(value)]
+        rows = await self._all(f"SELECT {_ITEM_COLUMNS} FROM items WHERE {' AND '.join(clauses)} "
+                               "ORDER BY updated_at DESC, namespace, key LIMIT %s OFFSET %s", (*params, limit, offset))
+        return [item_row(r) for r in rows]
+
+    async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),
+                              max_depth: int | None = None, limit: int = 100,
+                              offset: int = 0) -> list[tuple[str, ...]]:
+        rows = await self._all("SELECT DISTINCT namespace FROM items")
+        return matching_namespaces((joined for (joined,) in rows), prefix, suffix, max_depth, limit, offset)
+
+    # -- helpers
+
+    async def _update(self, table: str, key: str, value: str, fields: dict[str, Any]) -> None:
+        if not fields:
+            return
+        jsonb = _JSONB.get(table, frozenset())
+        columns = ", ".join(f"{name} = %s::jsonb" if name in jsonb else f"{name} = %s" for name in fields)
+        params = [dump(v) if name in JSON_FIELDS and v is not None else v for name, v in fields.items()]
+        await self._write(f"UPDATE {table} SET {columns} WHERE {key} = %s", (*params, value))
+
+
+async def _whole(operation: Coroutine[Any, Any, T]) -> T:
+    """Await a database operation that a cancellation cannot cut short.
+
+    A cancelled caller still gets its ``CancelledError``, but only once the
+    statement has finished: a write cut off mid-flight might otherwise land
+    after writes the caller makes next (a cancelled run's "busy" after its
+    "interrupted"), and the connection would be left mid-query.
+    """
+    task = asyncio.ensure_future(operation)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+
+
+async def _migrate(conn: AsyncConnection, database: str) -> None:
+    """Bring the schema up to date in one transaction; concurrent openers wait on an advisory lock."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (_MIGRATION_LOCK,))
+        await conn.execute(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} "
+                           "(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+        found = await (await conn.execute(f"SELECT coalesce(max(version), 0) FROM {VERSION_TABLE}")).fetchone()
+        assert found is not None
+        for version, statements in to_apply(found[0], _MIGRATIONS, database):
+            for statement in statements:
+                await conn.execute(statement)
+            await conn.execute(f"INSERT INTO {VERSION_TABLE} VALUES (%s, %s)", (version, now_iso()))
+
+
+async def _lock_claims(conn: AsyncConnection, candidates: list[RunRow]) -> list[RunRow]:
+    """The candidates whose thread (and concurrency key) this transaction could lock, within key limits."""
+    threads = [r.thread_id for r in candidates]
+    locked = {r[0] for r in await (await conn.execute(
+        "SELECT t FROM unnest(%s::text[]) AS t WHERE pg_try_advisory_xact_lock(%s, hashtext(t))",
+        (threads, _THREAD_LOCK))).fetchall()}
+    claimable = [r for r in candidates if r.thread_id in locked]
+    keys = sorted({r.concurrency_key for r in claimable if r.concurrency_key})
+    if not keys:
+        return claimable
+    locked_keys = [r[0] for r in await (await conn.execute(
+        "SELECT k FROM unnest(%s::text[]) AS k WHERE pg_try_advisory_xact_lock(%s, hashtext(k))",
+        (keys, _KEY_LOCK))).fetchall()]
+    # Counted after locking, in a statement of its own, so claims committed meanwhile are seen.
+    running = dict.fromkeys(locked_keys, 0) | dict(await (await conn.execute(
+        "SELECT concurrency_key, count(*) FROM runs WHERE status = 'running' AND concurrency_key = ANY(%s) "
+        "GROUP BY concurrency_key", (locked_keys,))).fetchall())
+    claimed = []
+    for row in claimable:
+        key = row.concurrency_key
+        if key:
+            if key not in running or running[key] >= (row.concurrency_limit or 1):
+                continue
+            running[key] += 1
+        claimed.append(row)
+    return claimed
+
+
+def _json_equals(column: str) -> str:
+    """A filter clause: the JSON value at a key equals a given JSON value (a missing key counts as null)."""
+    return f"coalesce({column} -> %s, 'null'::jsonb) = %s::jsonb"
+
+
+def _psycopg_url(url: str) -> str:
+    """A connection URL psycopg takes (SQLAlchemy's ``postgresql+psycopg://`` spelling too)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.split('+', 1)[0]}{sep}{rest}"
+
+
+def _describe(url: str) -> str:
+    """The URL without its password, for error messages."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(url)
+    except Exception:
+        return "(Postgres)"
+    return f"postgresql://{params.get('user', '')}@{params.get('host', '')}/{params.get('dbname', '')}"

@@ -1,0 +1,121 @@
+"""Schema versions on SQLite and Postgres: recorded at open, applied forward, refused when newer than the code."""
+
+import sqlite3
+
+import pytest
+
+from backchannel.errors import SchemaVersionError
+from backchannel.runtime import open_storage
+from backchannel.runtime.storage import ThreadRow, now_iso
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/state.db"
+    return request.getfixturevalue("postgres_url")
+
+
+def _module(storage):
+    import importlib
+
+    return importlib.import_module(type(storage).__module__)
+
+
+async def _sql(storage, statement, params=()):
+    """Run one statement on whichever database ``storage`` is; returns its rows."""
+    if hasattr(storage, "db"):
+        rows = storage.db.execute(statement.replace("%s", "?"), params).fetchall()
+        storage._commit()
+        return rows
+    async with storage.pool.connection() as conn:
+        cursor = await conn.execute(statement, params)
+        return await cursor.fetchall() if cursor.description else []
+
+
+async def _versions(storage):
+    return [v for (v,) in await _sql(storage, "SELECT version FROM schema_migrations ORDER BY version")]
+
+
+async def test_a_new_database_records_every_version(url):
+    storage = open_storage(url)
+    await storage.open()
+    try:
+        assert await _versions(storage) == list(range(1, len(_module(storage)._MIGRATIONS) + 1))
+    finally:
+        await storage.close()
+    again = open_storage(url)  # opening again applies nothing twice
+    await again.open()
+    try:
+        assert await _versions(again) == list(range(1, len(_module(again)._MIGRATIONS) + 1))
+    finally:
+        await again.close()
+
+
+async def test_a_new_migration_is_applied_once_at_the_next_open_and_keeps_the_data(url, monkeypatch):
+    storage = open_storage(url)
+    await storage.open()
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t1", now, now, {"kept": True}))
+    await storage.close()
+
+    module = _module(storage)
+    known = len(module._MIGRATIONS)
+    monkeypatch.setattr(module, "_MIGRATIONS", (*module._MIGRATIONS, (
+        "CREATE TABLE notes (thread_id TEXT PRIMARY KEY, note TEXT NOT NULL)",
+        "INSERT INTO notes SELECT thread_id, 'migrated' FROM threads",
+    )))
+    upgraded = open_storage(url)
+    await upgraded.open()
+    try:
+        assert await _versions(upgraded) == list(range(1, known + 2))
+        assert await _sql(upgraded, "SELECT thread_id, note FROM notes") == [("t1", "migrated")]
+        assert (await upgraded.get_thread("t1")).metadata == {"kept": True}
+    finally:
+        await upgraded.close()
+    reopened = open_storage(url)
+    await reopened.open()  # version known + 1 is recorded: its statements do not run again
+    await reopened.close()
+
+
+async def test_a_database_newer_than_the_code_is_refused_and_left_as_it_is(url):
+    storage = open_storage(url)
+    await storage.open()
+    newest = len(_module(storage)._MIGRATIONS)
+    await _sql(storage, "INSERT INTO schema_migrations VALUES (%s, %s)", (newest + 1, now_iso()))
+    await storage.close()
+
+    newer = open_storage(url)
+    with pytest.raises(SchemaVersionError, match=f"schema version {newest + 1}.*knows versions up to {newest}"
+                                                 ".*upgrade backchannel"):
+        await newer.open()
+    with pytest.raises(RuntimeError, match="not open"):
+        await newer.get_thread("t1")
+    assert await _raw_versions(url) == list(range(1, newest + 2))
+
+
+async def _raw_versions(url):
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
+            return [v for (v,) in db.execute("SELECT version FROM schema_migrations ORDER BY version")]
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        rows = await (await conn.execute("SELECT version FROM schema_migrations ORDER BY version")).fetchall()
+    return [v for (v,) in rows]
+
+
+async def test_a_sqlite_file_from_before_versions_takes_version_1_as_is(tmp_path):
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:  # the tables as the first release made them, with a thread in them
+        db.execute("CREATE TABLE threads (thread_id TEXT PRIMARY KEY, created_at TEXT NOT NULL, "
+                   "updated_at TEXT NOT NULL, metadata TEXT NOT NULL, status TEXT NOT NULL, "
+                   "interrupts TEXT NOT NULL, error TEXT)")
+        db.execute("INSERT INTO threads VALUES ('old', 'then', 'then', '{\"from\": \"before\"}', 'idle', '[]', NULL)")
+    storage = open_storage(f"sqlite:///{path}")
+    await storage.open()
+    try:
+        assert (await storage.get_thread("old")).metadata == {"from": "before"}
+        assert await _versions(storage) == list(range(1, len(_module(storage)._MIGRATIONS) + 1))
+    finally:
+        await storage.close()

@@ -1,0 +1,47 @@
+"""Postgres storage: URLs, connection errors, what a cancelled statement leaves."""
+
+import asyncio
+
+import pytest
+
+from backchannel.runtime import open_storage
+from backchannel.runtime.storage import ThreadRow, now_iso
+
+
+def test_postgres_urls_open_postgres_storage():
+    from backchannel.runtime.postgres import PostgresStorage
+
+    for url in ("postgresql://u:p@db/app", "postgres://u@db/app", "postgresql+psycopg://u@db/app"):
+        storage = open_storage(url)
+        assert isinstance(storage, PostgresStorage) and storage.url.split("://")[0] in ("postgresql", "postgres")
+    with pytest.raises(ValueError, match="postgresql://user:password@host/database"):
+        open_storage("mysql://db/app")
+
+
+async def test_a_cancelled_write_lands_before_the_cancellation_is_seen(postgres_url):
+    storage = open_storage(postgres_url)
+    await storage.open()
+    try:
+        now = now_iso()
+        await storage.create_thread(ThreadRow("t", now, now))
+        write = asyncio.ensure_future(storage.update_thread("t", status="busy"))
+        await asyncio.sleep(0)  # the statement is on its way
+        write.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        # the cancelled write has finished: a later one is not overtaken by it
+        await storage.update_thread("t", status="idle")
+        await asyncio.sleep(0.05)
+        assert (await storage.get_thread("t")).status == "idle"
+    finally:
+        await storage.close()
+
+
+async def test_a_database_that_cannot_be_reached_fails_to_open_with_its_error(postgres_url):
+    import psycopg
+
+    storage = open_storage("postgresql://nobody@/nowhere?host=/nonexistent-dir&connect_timeout=1")
+    with pytest.raises(psycopg.OperationalError, match="nonexistent-dir"):
+        await asyncio.wait_for(storage.open(), 10)
+    with pytest.raises(RuntimeError, match="not open"):
+        await storage.get_thread("t")
