@@ -51,6 +51,11 @@ _LAZY = {
     "SubAgent": "backchannel.subagents",
     "HumanInTheLoop": "backchannel.hitl",
     "CompletionNotifier": "backchannel.notifier",
+    "SummarizationMiddleware": "backchannel.summarization",
+    "AgentMemoryMiddleware": "backchannel.memory",
+    "HandoffMiddleware": "backchannel.handoff",
+    "propose_handoff": "backchannel.handoff",
+    "decide_handoff": "backchannel.handoff",
 }
 
 
@@ -63,6 +68,11 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AIMessage",
+    "AgentMemoryMiddleware",
+    "HandoffMiddleware",
+    "SummarizationMiddleware",
+    "decide_handoff",
+    "propose_handoff",
     "CompletionNotifier",
     "HumanInTheLoop",
     "LocalRuntime",

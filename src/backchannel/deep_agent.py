@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from backchannel.agent import DEFAULT_MAX_ITERATIONS, Agent, create_agent
 from backchannel.async_tasks import AsyncSubAgentMiddleware
 from backchannel.middleware import Middleware
 from backchannel.subagents import GENERAL_PURPOSE, SubAgent, SubAgentMiddleware, as_subagent
+from backchannel.summarization import SummarizationMiddleware
 
 __all__ = ["create_deep_agent"]
 
@@ -22,7 +24,8 @@ def create_deep_agent(model: Any, tools: Sequence[Any] = (), *,
                       name: str | None = None, completion: Literal["notify", "wait"] = "notify",
                       general_purpose: bool = True, max_concurrent_tasks: int = 16,
                       max_iterations: int = DEFAULT_MAX_ITERATIONS,
-                      model_settings: Mapping[str, Any] | None = None) -> Agent:
+                      model_settings: Mapping[str, Any] | None = None,
+                      max_tokens_before_summary: int | None = 170_000) -> Agent:
     """A supervisor agent with ``task`` for its subagents and, for background ones, the async task tools.
 
     ``subagents`` are :class:`~backchannel.subagents.SubAgent` specs (or
@@ -33,6 +36,10 @@ def create_deep_agent(model: Any, tools: Sequence[Any] = (), *,
     its run going until every task has reported back.
     ``max_concurrent_tasks`` bounds this supervisor's running background
     tasks; the rest wait as ``pending``.
+    Past ``max_tokens_before_summary`` tokens (about), the supervisor's and
+    each subagent's older messages are summarised by its own model, the last 6
+    kept (:class:`~backchannel.summarization.SummarizationMiddleware`); ``None``
+    turns that off.
     """
     specs = [as_subagent(s) for s in subagents]
     names = [s.name for s in specs]
@@ -41,6 +48,8 @@ def create_deep_agent(model: Any, tools: Sequence[Any] = (), *,
         raise ValueError(f"two subagents are named {sorted(duplicates)[0]!r}")
     if general_purpose and GENERAL_PURPOSE.name not in names:
         specs.insert(0, GENERAL_PURPOSE)
+    if max_tokens_before_summary is not None:
+        specs = [_summarizing(s, model, max_tokens_before_summary) for s in specs]
     foreground = [s for s in specs if not s.background]
     background = [s for s in specs if s.background]
     delegation: list[Middleware] = []
@@ -49,6 +58,16 @@ def create_deep_agent(model: Any, tools: Sequence[Any] = (), *,
     if background:
         delegation.append(AsyncSubAgentMiddleware(background, model=model, tools=tools, completion=completion,
                                                   max_concurrent=max_concurrent_tasks))
+    summarizing = ([SummarizationMiddleware(model, max_tokens_before_summary=max_tokens_before_summary)]
+                   if max_tokens_before_summary is not None else [])
     return create_agent(model, tools, system_prompt=system_prompt or SUPERVISOR_PROMPT,
-                        middleware=[*delegation, *middleware], name=name, max_iterations=max_iterations,
-                        model_settings=model_settings)
+                        middleware=[*delegation, *summarizing, *middleware], name=name,
+                        max_iterations=max_iterations, model_settings=model_settings)
+
+
+def _summarizing(spec: SubAgent, model: Any, threshold: int) -> SubAgent:
+    """The spec with a summarization middleware on its own model (prebuilt and remote agents as they are)."""
+    if spec.agent is not None or spec.url is not None:
+        return spec
+    summarizer = SummarizationMiddleware(spec.model or model, max_tokens_before_summary=threshold)
+    return replace(spec, middleware=[*spec.middleware, summarizer])

@@ -4,12 +4,14 @@ The interrupt payload and the decisions follow LangChain's
 ``HumanInTheLoopMiddleware``, so UIs built for it work unchanged::
 
     {"action_requests": [{"name", "args", "description"}],
-     "review_configs": [{"action_name", "allowed_decisions"}]}
+     "review_configs": [{"action_name", "allowed_decisions", "args_schema"?}]}
 
 Resume with ``command={"resume": {"decisions": [...]}}``, one decision per
 action request, in order: ``{"type": "approve"}``, ``{"type": "edit",
-"edited_action": {"name", "args"}}``, ``{"type": "reject", "message": ...}``
-or ``{"type": "respond", "message": ...}`` (the message becomes the tool's result).
+"edited_action": {"name", "args"}}`` (or just ``"args"``, same action),
+``{"type": "reject", "message": ...}`` or ``{"type": "respond", "message": ...}``
+(the message becomes the tool's result). When a review config has an
+``args_schema``, edited (and approved) args are checked against it.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class HumanInTheLoop(Middleware):
         for call, decision in zip(gated, decisions):
             kind = decision["type"]
             if kind == "edit":
-                action = decision["edited_action"]
+                action = decision.get("edited_action") or {"name": call["name"], "args": decision["args"]}
                 edits[call["id"]] = {**call, "name": action["name"], "args": dict(action["args"])}
             elif kind == "reject":
                 reason = decision.get("message")
@@ -131,11 +133,41 @@ def _check_decision(decision: Any, review: Mapping[str, Any]) -> None:
             f"{review['action_name']!r}. Expected one of {allowed} based on the tool's configuration.")
     if kind == "edit":
         action = decision.get("edited_action")
-        if not (isinstance(action, Mapping) and isinstance(action.get("name"), str)
-                and isinstance(action.get("args"), Mapping)):
-            raise InvalidRequestError(f"an 'edit' decision needs 'edited_action': {{'name': str, 'args': {{...}}}}, "
-                                      f"got {decision!r}")
+        edited = isinstance(action, Mapping) and isinstance(action.get("name"), str) and isinstance(
+            action.get("args"), Mapping)
+        if not edited and not isinstance(decision.get("args"), Mapping):
+            raise InvalidRequestError(f"an 'edit' decision needs 'edited_action': {{'name': str, 'args': {{...}}}} "
+                                      f"(or just 'args': {{...}}), got {decision!r}")
+    if kind in ("edit", "approve") and "args_schema" in review:
+        args = decision.get("args") if "args" in decision else (decision.get("edited_action") or {}).get("args")
+        if args is not None:
+            _check_args(args, review["args_schema"], review["action_name"])
     if kind == "respond" and not isinstance(decision.get("message"), str):
         raise InvalidRequestError(f"a 'respond' decision needs a 'message' string, got {decision!r}")
     if kind == "reject" and decision.get("message") is not None and not isinstance(decision["message"], str):
         raise InvalidRequestError(f"a 'reject' decision's 'message' must be a string, got {decision!r}")
+
+
+_JSON_TYPES = {"string": str, "object": Mapping, "array": list, "boolean": bool, "integer": int, "number": (int, float)}
+
+
+def _check_args(args: Any, schema: Mapping[str, Any], action: str) -> None:
+    """Check decision args against a review's ``args_schema`` (the JSON Schema subset reviews use)."""
+    if not isinstance(args, Mapping):
+        raise InvalidRequestError(f"the args for {action!r} must be an object, got {args!r}")
+    properties = schema.get("properties", {})
+    if schema.get("additionalProperties") is False:
+        unknown = sorted(set(args) - set(properties))
+        if unknown:
+            raise InvalidRequestError(f"unknown arg {unknown[0]!r} for {action!r}; allowed: {sorted(properties)}")
+    for name in schema.get("required", ()):
+        if name not in args:
+            raise InvalidRequestError(f"the args for {action!r} need {name!r}")
+    for name, value in args.items():
+        rule = properties.get(name, {})
+        expected = _JSON_TYPES.get(rule.get("type", ""))
+        wrong_bool = isinstance(value, bool) and rule.get("type") != "boolean"
+        if expected is not None and (not isinstance(value, expected) or wrong_bool):
+            raise InvalidRequestError(f"arg {name!r} for {action!r} must be a {rule['type']}, got {value!r}")
+        if isinstance(value, str) and len(value.strip()) < rule.get("minLength", 0):
+            raise InvalidRequestError(f"arg {name!r} for {action!r} must not be empty")

@@ -1,0 +1,677 @@
+"""Handoff: continue a long thread in a fresh one, seeded with a short summary a person approved.
+
+The flow (seed 004), in the agent's run so it works the same embedded and on a server:
+
+1. A run whose input is ``{"handoff_request": {...}}`` selects the thread's
+   high-signal messages (:func:`select_messages`: recent first, an AI message
+   with its tool results, the top 25 of the last 120, trimmed to 4,000
+   tokens), and has a model summarise them in about 300 tokens
+   (:func:`generate_summary`), structured as ``{title, body (3-6), tldr}``
+   (:func:`structure_summary`) plus Markdown (:func:`render_summary`).
+2. The run pauses with an interrupt named ``handoff_summary`` whose payload
+   carries ``handoff_id``, ``summary_json``, ``summary_md``, ``assistant_id``
+   and ``parent_thread_id``.
+3. It resumes with ``{"decisions": [decision]}``: ``{"type": "approve"}``,
+   ``{"type": "approve", "args": {"summary_md"?, "title"?}}``, ``{"type":
+   "edit", "args": {...}}`` or ``{"type": "reject"}``. Nothing changes before.
+4. On approval: the Markdown goes atomically into the ``<current_thread_summary>``
+   block of the agent's memory file; a child thread is created with
+   ``parent_thread_id``, ``handoff_pending`` and ``handoff_source_thread_id``;
+   the parent thread records ``last_handoff`` (handoff id, child, model,
+   tokens used); and the summary is mirrored into the store under
+   ``(assistant_id, "thread_summaries")``, keyed by ``handoff_id``.
+5. The memory middleware shows the block to the child's first model call;
+   after the child's first complete turn the block is reset and the flag cleared.
+
+:class:`HandoffMiddleware` does the agent's part (put it with an
+:class:`~backchannel.memory.AgentMemoryMiddleware` on the same file);
+:func:`propose_handoff` and :func:`decide_handoff` drive it through a
+runtime's ``runs`` and ``threads``, so a client needs nothing else.
+A store that is down never blocks a handoff (:class:`SummaryMirror`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from backchannel.errors import BackchannelError
+from backchannel.hitl import check_resume
+from backchannel.interrupts import interrupt
+from backchannel.memory import MemoryFile
+from backchannel.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+from backchannel.middleware import Middleware
+from backchannel.models import init_model
+from backchannel.models.base import ModelRequest
+from backchannel.runtime.storage import now_iso
+from backchannel.summarization import message_tokens, render_transcript
+
+__all__ = [
+    "HANDOFF_ACTION",
+    "HANDOFF_PROMPT",
+    "GeneratedSummary",
+    "HandoffError",
+    "HandoffMiddleware",
+    "HandoffProposal",
+    "HandoffResult",
+    "MirrorStats",
+    "SummaryMirror",
+    "apply_edits",
+    "decide_handoff",
+    "generate_summary",
+    "pending_handoff",
+    "propose_handoff",
+    "render_summary",
+    "select_messages",
+    "structure_summary",
+]
+
+HANDOFF_ACTION = "handoff_summary"
+WINDOW = 120
+TOP_N = 25
+MAX_INPUT_TOKENS = 4000
+MAX_SUMMARY_TOKENS = 300
+_TOOL_RESULT_CHARS = 1200
+
+HANDOFF_PROMPT = """<role>
+Handoff Summary Assistant
+</role>
+
+<primary_objective>
+Summarise the conversation below so that a fresh thread can pick up the work without re-reading it.
+</primary_objective>
+
+<instructions>
+Keep only what the next thread needs: the goal, facts established, decisions made, work done, and what remains.
+Use at most about 200 words, in exactly this format:
+Title: <a short title for the thread, at most 8 words>
+- <3 to 6 bullets>
+TL;DR: <one sentence>
+</instructions>
+
+<messages>
+{messages}
+</messages>"""
+
+# What an approval may change, checked when the run is resumed (an HITL review's args_schema).
+_EDIT_SCHEMA = {"type": "object", "additionalProperties": False,
+                "properties": {"summary_md": {"type": "string", "minLength": 1},
+                               "title": {"type": "string", "minLength": 1}}}
+_CHILD_IDS = uuid.UUID("0b2c7d1e-5f4a-4c8e-9d3b-6a1f2e7c9b40")
+
+logger = logging.getLogger("backchannel.handoff")
+
+
+class HandoffError(BackchannelError):
+    """A handoff could not be proposed or decided (nothing to summarise, no handoff waiting, ...)."""
+
+
+# -- 1. selecting messages --------------------------------------------------------------------
+
+
+def select_messages(messages: Sequence[AnyMessage], *, window: int = WINDOW, top_n: int = TOP_N,
+                    max_tokens: int = MAX_INPUT_TOKENS) -> list[AnyMessage]:
+    """The high-signal messages to summarise, oldest first.
+
+    Of the last ``window`` messages, the best ``top_n`` by score (what people
+    and the assistant said outrank tool traffic; recent outranks old), an AI
+    message always with its tool results; then the most recent of those that
+    fit ``max_tokens``, starting on a human message where possible. Long tool
+    results are shortened; a single message too long for the budget is cut.
+    """
+    units = _units(list(messages[-window:]))
+    ranked = sorted(range(len(units)), key=lambda i: _score(units[i], i, len(units)), reverse=True)
+    chosen, count = [], 0
+    for i in ranked:
+        if count + len(units[i]) <= top_n:
+            chosen.append(i)
+            count += len(units[i])
+    kept = _fit([units[i] for i in sorted(chosen)], max_tokens)
+    return [m for unit in kept for m in unit]
+
+
+def _units(messages: list[AnyMessage]) -> list[list[AnyMessage]]:
+    """Messages grouped so an AI message and its tool results stay together (system messages dropped)."""
+    units: list[list[AnyMessage]] = []
+    for m in messages:
+        if isinstance(m, SystemMessage):
+            continue
+        if isinstance(m, ToolMessage):
+            owner = units[-1] if units else None
+            if owner and isinstance(owner[0], AIMessage) and any(c["id"] == m.tool_call_id
+                                                                  for c in owner[0].tool_calls):
+                owner.append(_shortened(m))
+            continue  # a result whose call fell outside the window says little on its own
+        units.append([m])
+    return units
+
+
+def _shortened(m: ToolMessage) -> ToolMessage:
+    text = m.text
+    return m if len(text) <= _TOOL_RESULT_CHARS else replace(m, content=text[:_TOOL_RESULT_CHARS] + " […]")
+
+
+def _score(unit: list[AnyMessage], index: int, total: int) -> float:
+    first = unit[0]
+    if isinstance(first, HumanMessage):
+        weight = 2.0 if "task_notification" in first.additional_kwargs else 3.0
+    elif isinstance(first, AIMessage) and first.tool_calls:
+        weight = 1.5
+    else:
+        weight = 3.0
+    return weight + 2.0 * (index + 1) / total
+
+
+def _fit(units: list[list[AnyMessage]], max_tokens: int) -> list[list[AnyMessage]]:
+    """The most recent units within ``max_tokens``; the newest message alone is cut to fit if it must be."""
+    kept: list[list[AnyMessage]] = []
+    total = 0.0
+    for unit in reversed(units):
+        cost = sum(message_tokens(m) for m in unit)
+        if total + cost > max_tokens:
+            if not kept:
+                kept.append([_cut(unit[0], max_tokens)])
+            break
+        kept.append(unit)
+        total += cost
+    kept.reverse()
+    starts = [i for i, unit in enumerate(kept) if isinstance(unit[0], HumanMessage)]
+    return kept[starts[0]:] if starts else kept
+
+
+def _cut(m: AnyMessage, max_tokens: int) -> AnyMessage:
+    limit = max(0, int(max_tokens * 4) - 64)
+    return replace(m, content=m.text[:limit] + " […]") if len(m.text) > limit else m
+
+
+# -- 2. summarising and structuring --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class GeneratedSummary:
+    """A model's summary text, with the model that wrote it and what it cost."""
+
+    text: str
+    model: str
+    tokens_used: int = 0
+    model_run_id: str | None = None
+
+
+async def generate_summary(model: Any, messages: Sequence[AnyMessage], *, max_tokens: int = MAX_SUMMARY_TOKENS,
+                           prompt: str = HANDOFF_PROMPT) -> GeneratedSummary:
+    """Have ``model`` summarise ``messages`` in about ``max_tokens`` tokens (the reply is cut if longer)."""
+    chat = init_model(model)
+    request = ModelRequest(chat, [HumanMessage(prompt.replace("{messages}", render_transcript(messages)))],
+                           settings={"max_tokens": max_tokens})
+    reply = await chat.generate(request)
+    usage = reply.usage_metadata or {}
+    tokens = usage.get("total_tokens") or usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
+    return GeneratedSummary(_bounded(reply.text.strip(), max_tokens),
+                            str(reply.response_metadata.get("model_name") or getattr(chat, "name", "model")),
+                            int(tokens), reply.response_metadata.get("id") or reply.id)
+
+
+def _bounded(text: str, max_tokens: int) -> str:
+    """``text`` cut, at a line break where possible, to about ``max_tokens`` tokens (models may ignore the cap)."""
+    limit = max_tokens * 4
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    return cut[: cut.rfind("\n")] if "\n" in cut else cut
+
+
+_TITLE = re.compile(r"^(?:#{1,6}\s+|[*_]*title[*_]*\s*[:\-–][*_]*\s*)(?P<text>.+)$", re.I)
+_TLDR = re.compile(r"^[*_]*\s*tl;?\s*dr[*_]*\s*[:\-–][*_]*\s*(?P<text>.*)$", re.I)
+_BULLET = re.compile(r"^(?:[-*•+]|\d+[.)])\s+(?P<text>.+)$")
+
+
+def structure_summary(text: str) -> dict[str, Any]:
+    """``{"title", "body" (3-6 items where the text allows), "tldr"}`` from a summary's text.
+
+    Reads the ``Title:`` / bullets / ``TL;DR:`` format the prompt asks for (and
+    :func:`render_summary`'s Markdown); falls back on sentences for text in any
+    other shape.
+    """
+    title = tldr = None
+    body: list[str] = []
+    prose: list[str] = []
+    for raw in text.strip().splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if (m := _TLDR.match(line)) and tldr is None:
+            tldr = _plain(m["text"])
+        elif (m := _TITLE.match(line)) and title is None and not body:
+            title = _plain(m["text"])
+        elif m := _BULLET.match(line):
+            body.append(_plain(m["text"]))
+        else:
+            prose.append(_plain(line))
+    if not body:
+        source = prose[1:] if title is None and len(prose) > 1 else prose
+        body = [s for line in source for s in _sentences(line)]
+    if title is None:
+        first = prose[0] if prose else body[0] if body else "Thread summary"
+        title = _short(_sentences(first)[0], 80)
+    while 0 < len(body) < 3 and any(len(_sentences(b)) > 1 for b in body):
+        i = next(i for i, b in enumerate(body) if len(_sentences(b)) > 1)
+        body[i:i + 1] = _sentences(body[i])
+    body = [b for b in body if b][:6]
+    if not tldr:
+        tldr = body[0] if body else title
+    return {"title": title, "body": body, "tldr": tldr}
+
+
+def render_summary(summary: Mapping[str, Any]) -> str:
+    """The Markdown of a structured summary: what goes in the memory file's block."""
+    bullets = "\n".join(f"- {b}" for b in summary["body"])
+    return f"### {summary['title']}\n\n{bullets}\n\n**TL;DR:** {summary['tldr']}".replace("\n\n\n", "\n\n")
+
+
+def apply_edits(proposal: Mapping[str, Any], args: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """The summary and Markdown after a person's edits: new Markdown (kept as written, re-read for the
+    structured fields) and/or a new title."""
+    summary = dict(proposal["summary_json"])
+    md = proposal["summary_md"]
+    args = args or {}
+    if args.get("summary_md"):
+        md = args["summary_md"].strip()
+        summary = {**summary, **structure_summary(md)}
+    if args.get("title"):
+        summary["title"] = args["title"].strip()
+        if not args.get("summary_md"):
+            md = render_summary(summary)
+    return summary, md
+
+
+def _plain(text: str) -> str:
+    return text.strip().strip("*_").strip()
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
+
+
+def _short(text: str, limit: int) -> str:
+    text = text.rstrip(".")
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + "…"
+
+
+# -- 6. mirroring into a store ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class MirrorStats:
+    """What the store mirror has done: writes that landed, retries, failed attempts and fallbacks."""
+
+    mirrored: int = 0
+    retries: int = 0
+    failures: int = 0
+    fallbacks: int = 0
+    pending: int = 0
+
+
+class SummaryMirror:
+    """Copies accepted summaries into a store, without ever letting the store hold a handoff up.
+
+    Each write gets ``attempts`` tries of at most ``timeout`` seconds, with
+    exponential backoff from ``backoff`` seconds. If all fail, the handoff goes
+    on: the failure is logged and counted (``stats.fallbacks``), the summary
+    waits in ``outbox`` (a JSON file, so a restart keeps it), and a background
+    task keeps retrying, backing off up to ``max_backoff``, until the store is
+    back. Writes are keyed by ``handoff_id``, so a repeated one changes nothing.
+    """
+
+    def __init__(self, outbox: str | os.PathLike[str] | None = None, *, attempts: int = 3,
+                 backoff: float = 0.1, timeout: float = 2.0, max_backoff: float = 60.0) -> None:
+        self.outbox = Path(outbox).expanduser() if outbox is not None else None
+        self.attempts = max(1, attempts)
+        self.backoff = backoff
+        self.timeout = timeout
+        self.max_backoff = max_backoff
+        self.stats = MirrorStats()
+        self.pending: dict[str, dict[str, Any]] = self._load()
+        self.stats.pending = len(self.pending)
+        self._catching_up: asyncio.Task[None] | None = None
+
+    async def mirror(self, store: Any, namespace: Sequence[str], key: str, value: Mapping[str, Any]) -> bool:
+        """Write ``value`` (and anything still waiting); returns whether this one reached the store."""
+        self._remember(key, {"namespace": list(namespace), "value": dict(value)})
+        for waiting in list(self.pending):
+            if not await self._write_with_retries(store, waiting):
+                break
+        if key in self.pending:
+            self.stats.fallbacks += 1
+            logger.warning("handoff %s: the store is unavailable; the summary waits in %s and will be mirrored "
+                           "when the store is back (%d waiting)", key, self.outbox or "memory", len(self.pending))
+            self.catch_up(store)
+            return False
+        return True
+
+    def catch_up(self, store: Any) -> None:
+        """Start retrying waiting writes in the background, if any wait and no retry loop runs yet."""
+        if self.pending and store is not None and (self._catching_up is None or self._catching_up.done()):
+            self._catching_up = asyncio.get_running_loop().create_task(self._retry_forever(store))
+
+    async def _retry_forever(self, store: Any) -> None:
+        delay = self.backoff
+        while self.pending:
+            await asyncio.sleep(delay)
+            for key in list(self.pending):
+                if not await self._write_once(store, key):
+                    break
+            delay = min(delay * 2, self.max_backoff)
+        logger.info("handoff mirror caught up: every summary is in the store")
+
+    async def _write_with_retries(self, store: Any, key: str) -> bool:
+        for attempt in range(self.attempts):
+            if attempt:
+                self.stats.retries += 1
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            if await self._write_once(store, key):
+                return True
+        return False
+
+    async def _write_once(self, store: Any, key: str) -> bool:
+        item = self.pending.get(key)
+        if item is None:
+            return True
+        try:
+            await asyncio.wait_for(store.put_item(item["namespace"], key=key, value=item["value"]), self.timeout)
+        except Exception as exc:  # any failure of the store: it must not reach the handoff
+            self.stats.failures += 1
+            logger.debug("handoff %s: store write failed: %s: %s", key, type(exc).__name__, exc)
+            return False
+        self.stats.mirrored += 1
+        self.pending.pop(key, None)
+        self._save()
+        return True
+
+    def _remember(self, key: str, item: dict[str, Any]) -> None:
+        self.pending[key] = item
+        self._save()
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        if self.outbox is None or not self.outbox.exists():
+            return {}
+        try:
+            return dict(json.loads(self.outbox.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            logger.warning("cannot read the handoff outbox %s (%s); starting with an empty one", self.outbox, exc)
+            return {}
+
+    def _save(self) -> None:
+        self.stats.pending = len(self.pending)
+        if self.outbox is None:
+            return
+        from backchannel.memory import write_atomic
+
+        if self.pending:
+            write_atomic(self.outbox, json.dumps(self.pending, ensure_ascii=False, default=str))
+        elif self.outbox.exists():
+            self.outbox.unlink()
+
+
+# -- 3-5. the agent's part ------------------------------------------------------------------------
+
+
+class HandoffMiddleware(Middleware):
+    """Propose, approve and apply handoffs in the agent's runs; clear the summary after the child's first turn.
+
+    ``model`` writes the summaries; ``memory`` is the agent's memory file (a
+    :class:`~backchannel.memory.MemoryFile` or a path, the one its
+    :class:`~backchannel.memory.AgentMemoryMiddleware` reads). Summaries are
+    mirrored into ``store`` (default: the runtime's store) unless
+    ``mirror=False``; summaries the store could not take wait in ``outbox``
+    (default: ``handoff_outbox.json`` beside the memory file).
+    Register it first, so a handoff run skips the other middleware's hooks.
+    """
+
+    def __init__(self, model: Any, memory: MemoryFile | str | os.PathLike[str], *, store: Any = None,
+                 mirror: bool | SummaryMirror = True, outbox: str | os.PathLike[str] | None = None,
+                 window: int = WINDOW, top_n: int = TOP_N, max_input_tokens: int = MAX_INPUT_TOKENS,
+                 max_summary_tokens: int = MAX_SUMMARY_TOKENS, prompt: str = HANDOFF_PROMPT) -> None:
+        self.model = model
+        self.memory = memory if isinstance(memory, MemoryFile) else MemoryFile(memory)
+        self.store = store
+        if isinstance(mirror, SummaryMirror):
+            self.mirror: SummaryMirror | None = mirror
+        else:
+            self.mirror = SummaryMirror(outbox or self.memory.path.parent / "handoff_outbox.json") if mirror else None
+        self.window, self.top_n, self.max_input_tokens = window, top_n, max_input_tokens
+        self.max_summary_tokens = max_summary_tokens
+        self.prompt = prompt
+
+    async def before_agent(self, state: Mapping[str, Any], ctx: Any) -> dict[str, Any] | None:
+        """A handoff request: select, summarise and record a proposal (a stale request is dropped)."""
+        if self.mirror is not None and self.mirror.pending:
+            self.mirror.catch_up(self.store or ctx.store)
+        request = state.get("handoff_request")
+        if not request:
+            return None
+        if request.get("run_id"):  # an earlier run's request that was never answered: the thread moved on
+            return {"handoff_request": None, "handoff": {**(state.get("handoff") or {}), "status": "abandoned"}}
+        base = {"request_id": request.get("request_id"), "assistant_id": _assistant_id(ctx),
+                "parent_thread_id": ctx.thread_id}
+        selected = select_messages(state["messages"], window=self.window, top_n=self.top_n,
+                                   max_tokens=self.max_input_tokens)
+        if not selected:
+            return {"handoff_request": None, "handoff": {**base, "status": "empty"}, "jump_to": "end"}
+        generated = await generate_summary(self.model, selected, max_tokens=self.max_summary_tokens,
+                                           prompt=self.prompt)
+        summary = structure_summary(generated.text)
+        proposal = {**base, "status": "proposed", "handoff_id": str(uuid.uuid4()), "summary_json": summary,
+                    "summary_md": render_summary(summary), "model": generated.model,
+                    "tokens_used": generated.tokens_used, "model_run_id": generated.model_run_id,
+                    "messages_summarized": len(selected), "created_at": now_iso()}
+        logger.info("handoff %s proposed for thread %s: model=%s tokens_used=%d", proposal["handoff_id"],
+                    ctx.thread_id, generated.model, generated.tokens_used)
+        ctx.emit_custom({"handoff": {k: proposal[k] for k in ("handoff_id", "status", "model", "tokens_used")}})
+        return {"handoff_request": {**request, "run_id": ctx.run_id}, "handoff": proposal}
+
+    async def before_model(self, state: Mapping[str, Any], ctx: Any) -> dict[str, Any] | None:
+        """A proposal waiting: pause for a person's decision (unless the request said apply), then act on it."""
+        request, proposal = state.get("handoff_request"), state.get("handoff")
+        if not request or not proposal or proposal.get("status") != "proposed":
+            return None
+        if request.get("apply"):
+            decision: Mapping[str, Any] = {"type": "approve"}
+        else:
+            payload = review_payload(proposal)
+            decision = check_resume(payload, interrupt(payload))[0]
+        if decision["type"] == "reject":
+            result = {**proposal, "status": "rejected", "reason": decision.get("message")}
+            logger.info("handoff %s rejected", proposal["handoff_id"])
+        else:
+            args = decision.get("args") if "args" in decision else (decision.get("edited_action") or {}).get("args")
+            result = await self._accept(proposal, args, ctx)
+        ctx.emit_custom({"handoff": {"handoff_id": result["handoff_id"], "status": result["status"],
+                                     "child_thread_id": result.get("child_thread_id")}})
+        return {"handoff_request": None, "handoff": result, "jump_to": "end"}
+
+    async def after_agent(self, state: Mapping[str, Any], ctx: Any) -> dict[str, Any] | None:
+        """After a handoff child's first complete turn: reset the summary block and clear the flag."""
+        if not ctx.metadata.get("handoff_pending"):
+            return None
+        messages = state.get("messages") or ()
+        if not messages or not isinstance(messages[-1], AIMessage):
+            return None  # no reply yet (e.g. a compaction): the summary is still needed
+        handoff_id = ctx.metadata.get("handoff_id")
+        try:
+            if self.memory.reset_block(handoff_id=handoff_id):
+                logger.info("handoff %s: summary block cleared after the first turn of thread %s", handoff_id,
+                            ctx.thread_id)
+            if ctx.runtime is not None and ctx.thread_id is not None:
+                await ctx.runtime.threads.update(ctx.thread_id, metadata={"handoff_pending": False})
+        except Exception:  # the reply stands; both steps are idempotent, so the next turn finishes the cleanup
+            logger.exception("handoff %s: cleanup after the first turn of thread %s failed; retrying next turn",
+                             handoff_id, ctx.thread_id)
+        return None
+
+    async def _accept(self, proposal: Mapping[str, Any], args: Mapping[str, Any] | None,
+                      ctx: Any) -> dict[str, Any]:
+        """Write the block, create the child thread, mark the parent, mirror. Each step is idempotent, so a
+        run resumed after a crash repeats them safely."""
+        summary, md = apply_edits(proposal, args)
+        handoff_id, parent = proposal["handoff_id"], proposal["parent_thread_id"]
+        self.memory.write_block(md, handoff_id=handoff_id)
+        child_id = str(uuid.uuid5(_CHILD_IDS, handoff_id))
+        record = {"handoff_id": handoff_id, "assistant_id": proposal["assistant_id"], "parent_thread_id": parent,
+                  "child_thread_id": child_id, **summary, "model": proposal["model"],
+                  "tokens_used": proposal["tokens_used"], "created_at": proposal["created_at"]}
+        rt = ctx.runtime
+        if rt is None:
+            raise HandoffError("a handoff needs a runtime to create the new thread in; run the agent on a thread")
+        await rt.threads.create(thread_id=child_id, if_exists="do_nothing", graph_id=ctx.metadata.get("graph_id"),
+                                metadata={"parent_thread_id": parent, "handoff_pending": True,
+                                          "handoff_source_thread_id": parent, "handoff_id": handoff_id,
+                                          "title": summary["title"]})
+        await rt.threads.update(parent, metadata={"last_handoff": {
+            "handoff_id": handoff_id, "child_thread_id": child_id, "model": proposal["model"],
+            "tokens_used": proposal["tokens_used"], "model_run_id": proposal.get("model_run_id"),
+            "title": summary["title"], "created_at": proposal["created_at"]}})
+        mirrored = None
+        if self.mirror is not None and (self.store or ctx.store) is not None:
+            mirrored = await self.mirror.mirror(self.store or ctx.store, (proposal["assistant_id"], "thread_summaries"),
+                                                handoff_id, {"summary_json": record, "summary_md": md})
+        logger.info("handoff %s accepted: thread %s continues in %s (model=%s tokens_used=%s mirrored=%s)",
+                    handoff_id, parent, child_id, proposal["model"], proposal["tokens_used"], mirrored)
+        return {**proposal, "status": "accepted", "summary_json": record, "summary_md": md,
+                "child_thread_id": child_id, "mirrored": mirrored}
+
+
+def review_payload(proposal: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``handoff_summary`` interrupt: the seed's action request, plus a review config for HITL UIs."""
+    return {
+        "action_requests": [{
+            "name": HANDOFF_ACTION, "description": "Preview handoff summary for approval",
+            "args": {"handoff_id": proposal["handoff_id"], "summary_json": proposal["summary_json"],
+                     "summary_md": proposal["summary_md"], "assistant_id": proposal["assistant_id"],
+                     "parent_thread_id": proposal["parent_thread_id"]}}],
+        "review_configs": [{"action_name": HANDOFF_ACTION, "allowed_decisions": ["approve", "edit", "reject"],
+                            "args_schema": _EDIT_SCHEMA}],
+    }
+
+
+def _assistant_id(ctx: Any) -> str:
+    return str(ctx.metadata.get("graph_id") or ctx.agent)
+
+
+# -- the client's part: through a runtime's surface ------------------------------------------------
+
+
+@dataclass(slots=True)
+class HandoffProposal:
+    """A summary waiting for a person's decision (the ``handoff_summary`` interrupt's args)."""
+
+    handoff_id: str
+    summary_json: dict[str, Any]
+    summary_md: str
+    assistant_id: str
+    parent_thread_id: str
+    payload: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return str(self.summary_json.get("title", ""))
+
+
+@dataclass(slots=True)
+class HandoffResult:
+    """How a handoff ended: ``accepted`` (with the child thread) or ``rejected``."""
+
+    status: str
+    handoff_id: str
+    parent_thread_id: str
+    child_thread_id: str | None
+    summary_json: dict[str, Any]
+    summary_md: str
+    model: str | None = None
+    tokens_used: int = 0
+    mirrored: bool | None = None
+
+
+async def propose_handoff(runtime: Any, thread_id: str, assistant_id: str, *,
+                          apply: bool = False) -> HandoffProposal | HandoffResult:
+    """Summarise a thread for a handoff: the proposal waiting for a decision, or with ``apply=True``
+    the accepted result at once.
+
+    ``runtime`` is a :class:`~backchannel.runtime.LocalRuntime` or any client
+    with its ``runs``/``threads`` surface; ``assistant_id`` must run a
+    :class:`HandoffMiddleware`.
+    """
+    request_id = str(uuid.uuid4())
+    values = await runtime.runs.wait(thread_id, assistant_id,
+                                     input={"handoff_request": {"request_id": request_id, "apply": apply}})
+    return _outcome(values, request_id, thread_id)
+
+
+async def pending_handoff(runtime: Any, thread_id: str) -> HandoffProposal | None:
+    """The handoff waiting for a decision on this thread, if there is one."""
+    thread = await runtime.threads.get(thread_id)
+    for items in (thread.get("interrupts") or {}).values():
+        for item in items:
+            proposal = _proposal(item.get("value"))
+            if proposal is not None:
+                return proposal
+    return None
+
+
+async def decide_handoff(runtime: Any, thread_id: str, assistant_id: str,
+                         decision: Mapping[str, Any]) -> HandoffResult:
+    """Answer the handoff waiting on a thread: approve (optionally with edited ``args``), edit or reject.
+
+    A malformed decision raises :class:`~backchannel.errors.InvalidRequestError`
+    before anything is sent, and the handoff keeps waiting.
+    """
+    proposal = await pending_handoff(runtime, thread_id)
+    if proposal is None:
+        raise HandoffError(f"no handoff is waiting for a decision on thread {thread_id}; propose one first "
+                           "(the thread may have moved on since)")
+    check_resume(proposal.payload, {"decisions": [decision]})
+    values = await runtime.runs.wait(thread_id, assistant_id, command={"resume": {"decisions": [dict(decision)]}})
+    outcome = _outcome(values, None, thread_id)
+    if not isinstance(outcome, HandoffResult) or outcome.handoff_id != proposal.handoff_id:
+        raise HandoffError(f"the decision on handoff {proposal.handoff_id} did not complete it")
+    return outcome
+
+
+def _proposal(value: Any) -> HandoffProposal | None:
+    if not isinstance(value, Mapping):
+        return None
+    for action in value.get("action_requests") or ():
+        if action.get("name") == HANDOFF_ACTION:
+            args = action["args"]
+            return HandoffProposal(args["handoff_id"], dict(args["summary_json"]), args["summary_md"],
+                                   args["assistant_id"], args["parent_thread_id"], dict(value))
+    return None
+
+
+def _outcome(values: Mapping[str, Any], request_id: str | None, thread_id: str) -> HandoffProposal | HandoffResult:
+    if values.get("__error__"):
+        error = values["__error__"]
+        raise HandoffError(f"the handoff run failed: {error.get('error')}: {error.get('message')}")
+    for item in values.get("__interrupt__") or ():
+        proposal = _proposal(item.get("value"))
+        if proposal is not None:
+            return proposal
+    handoff = values.get("handoff") or {}
+    if request_id is not None and handoff.get("request_id") != request_id:
+        raise HandoffError(f"the assistant did not answer the handoff request on thread {thread_id}; does it "
+                           "run HandoffMiddleware?")
+    status = handoff.get("status")
+    if status == "empty":
+        raise HandoffError("there is nothing to summarise in this thread yet")
+    if status not in ("accepted", "rejected"):
+        raise HandoffError(f"the handoff on thread {thread_id} ended as {status!r}")
+    return HandoffResult(status, handoff["handoff_id"], handoff["parent_thread_id"], handoff.get("child_thread_id"),
+                         dict(handoff["summary_json"]), handoff["summary_md"], handoff.get("model"),
+                         int(handoff.get("tokens_used") or 0), handoff.get("mirrored"))

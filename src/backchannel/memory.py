@@ -1,0 +1,163 @@
+"""Agent memory: a Markdown file the agent sees in its system prompt on every model call.
+
+Each named agent has one (``~/.backchannel/agents/<name>/agent.md`` by
+default). People edit it by hand; a handoff (:mod:`backchannel.handoff`)
+writes a summary of the previous thread into its managed block::
+
+    ## Recent Thread Snapshot
+    <current_thread_summary>
+    None recorded yet.
+    </current_thread_summary>
+
+Writes are atomic (a temporary file, then ``os.replace``), so a crash mid-write
+leaves the previous file whole.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from backchannel.messages import AIMessage
+from backchannel.middleware import Middleware, ModelHandler
+from backchannel.models.base import ModelRequest
+
+__all__ = [
+    "BLOCK_END",
+    "BLOCK_PLACEHOLDER",
+    "BLOCK_START",
+    "AgentMemoryMiddleware",
+    "MemoryFile",
+    "agent_memory_path",
+    "write_atomic",
+]
+
+BLOCK_START = "<current_thread_summary>"
+BLOCK_END = "</current_thread_summary>"
+BLOCK_PLACEHOLDER = "None recorded yet."
+_SCAFFOLD = f"## Recent Thread Snapshot\n{BLOCK_START}\n{BLOCK_PLACEHOLDER}\n{BLOCK_END}\n"
+_HANDOFF_MARK = "<!-- handoff_id: "
+
+
+def agent_memory_path(agent: str, home: str | os.PathLike[str] | None = None) -> Path:
+    """Where the memory file of ``agent`` lives: ``<home>/agents/<agent>/agent.md`` (home: ``~/.backchannel``)."""
+    if not agent or "/" in agent or agent in (".", ".."):
+        raise ValueError(f"an agent name must be a plain name (no '/'), got {agent!r}")
+    base = Path(home) if home is not None else Path.home() / ".backchannel"
+    return base / "agents" / agent / "agent.md"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path``'s content with ``text`` all at once: readers see the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class MemoryFile:
+    """An agent's memory file and its ``<current_thread_summary>`` block."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path).expanduser()
+        self._cache: tuple[int, int, str] | None = None  # (mtime_ns, size, text)
+
+    def __repr__(self) -> str:
+        return f"MemoryFile({str(self.path)!r})"
+
+    def read(self) -> str:
+        """The file's text ("" when there is no file yet); re-read only when the file changed."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            self._cache = None
+            return ""
+        cached = self._cache
+        if cached is not None and cached[0] == stat.st_mtime_ns and cached[1] == stat.st_size:
+            return cached[2]
+        text = self.path.read_text(encoding="utf-8")
+        self._cache = (stat.st_mtime_ns, stat.st_size, text)
+        return text
+
+    def block(self) -> str | None:
+        """What the summary block holds now (``None`` when the file has no block)."""
+        parts = _split(self.read())
+        return parts[1].strip("\n") if parts else None
+
+    def block_handoff_id(self) -> str | None:
+        """The id of the handoff whose summary is in the block, if one is."""
+        block = self.block() or ""
+        if not block.startswith(_HANDOFF_MARK):
+            return None
+        return block[len(_HANDOFF_MARK):].split(" -->", 1)[0].strip() or None
+
+    def write_block(self, summary_md: str, *, handoff_id: str | None = None) -> None:
+        """Put ``summary_md`` in the block, adding the block (once) if the file has none."""
+        mark = f"{_HANDOFF_MARK}{handoff_id} -->\n" if handoff_id else ""
+        self._replace_block(mark + summary_md.strip("\n"))
+
+    def reset_block(self, *, handoff_id: str | None = None) -> bool:
+        """Put the placeholder back; with ``handoff_id``, only if the block still holds that handoff's summary.
+
+        Returns whether the file changed (``False`` when there was nothing to
+        reset), so calling it again is harmless.
+        """
+        if handoff_id is not None and self.block_handoff_id() != handoff_id:
+            return False
+        if self.block() in (None, BLOCK_PLACEHOLDER):
+            return False
+        self._replace_block(BLOCK_PLACEHOLDER)
+        return True
+
+    def _replace_block(self, content: str) -> None:
+        text = self.read()
+        parts = _split(text)
+        if parts is None:  # no block yet: add the scaffold once, at the end
+            text = f"{text.rstrip()}\n\n{_SCAFFOLD}" if text.strip() else _SCAFFOLD
+            parts = _split(text)
+            assert parts is not None
+        before, _, after = parts
+        write_atomic(self.path, f"{before}{BLOCK_START}\n{content}\n{BLOCK_END}{after}")
+        self._cache = None
+
+
+def _split(text: str) -> tuple[str, str, str] | None:
+    """``(before, block content, after)`` around the block's markers, or ``None`` without a whole block."""
+    start = text.find(BLOCK_START)
+    if start < 0:
+        return None
+    end = text.find(BLOCK_END, start + len(BLOCK_START))
+    if end < 0:
+        return None
+    return text[:start], text[start + len(BLOCK_START):end], text[end + len(BLOCK_END):]
+
+
+class AgentMemoryMiddleware(Middleware):
+    """Put the agent's memory file at the top of its system prompt, on every model call.
+
+    ``memory`` is a :class:`MemoryFile` or a path. The file is read again only
+    when it changes, so edits show up at the next model call.
+    """
+
+    def __init__(self, memory: MemoryFile | str | os.PathLike[str]) -> None:
+        self.memory = memory if isinstance(memory, MemoryFile) else MemoryFile(memory)
+
+    async def wrap_model_call(self, request: ModelRequest, handler: ModelHandler) -> AIMessage:
+        """Every model call: the memory file's text goes first in the system prompt."""
+        text = self.memory.read().strip()
+        if not text:
+            return await handler(request)
+        section = f"<agent_memory>\n{text}\n</agent_memory>"
+        prompt = f"{section}\n\n{request.system_prompt}" if request.system_prompt else section
+        return await handler(request.override(system_prompt=prompt))
