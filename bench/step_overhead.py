@@ -2,8 +2,10 @@
 
 What is measured (zero-latency scripted models, so only the harness is timed):
 
-* step overhead: one agent whose model calls a trivial async tool ``echo(x: int) -> int``
-  N times and then answers; µs per step (one model call + its tool call), N = 10, 50, 200;
+* step overhead: one agent whose model calls a trivial tool ``echo(x: int) -> int`` N times and
+  then answers; µs per step (one model call + its tool call), N = 10, 50, 200; with an async
+  ``echo`` and with a sync one (which every framework runs in a worker thread; backchannel's
+  ``@tool(inline=True)`` runs it on the event loop, measured too);
 * construction: µs per ``create_agent(...)`` call, model and tools pre-built;
 * retained memory: bytes per agent (tracemalloc) with many agents kept alive;
 * import time: ``python -X importtime``, a fresh process each time.
@@ -43,8 +45,13 @@ FRAMEWORKS = ("backchannel", "langchain", "deepagents")
 IMPORT_TARGETS = {"backchannel": "backchannel", "langchain": "langchain.agents", "deepagents": "deepagents"}
 DISTRIBUTIONS = ("backchannel", "langchain", "langchain-core", "langgraph", "deepagents", "pydantic")
 
+TOOL_KINDS = ("async", "sync", "inline")  # inline: backchannel's @tool(inline=True) sync tool
+TOOL_KIND_LABELS = {"async": "async tool", "sync": "sync tool (worker thread)",
+                    "inline": "sync tool, @tool(inline=True) (on the event loop)"}
+
 TARGETS = {
     "step_us_at_50": 50.0,
+    "sync_step_us_at_50": 60.0,
     "growth_10_to_200_pct": 20.0,
     "construct_us": 20.0,
     "bytes_per_agent": 8 * 1024,
@@ -95,10 +102,11 @@ class ImportTime:
 
 @dataclass
 class Framework:
-    """What the benchmark needs of one harness: a runner for N tool steps, and a constructor."""
+    """What the benchmark needs of one harness: runners for N tool steps, and a constructor."""
 
     name: str
-    runner: Callable[[int], Runner]  # N -> a coroutine function running the N-step script once
+    runners: dict[str, Callable[[int], Runner]]  # tool kind -> (N -> a coroutine function running
+    # the N-step script once)
     build: Callable[[], Any]  # one agent, model and tools pre-built
 
 
@@ -113,14 +121,25 @@ def backchannel_framework() -> Framework:
         """Return x unchanged."""
         return x
 
-    def runner(n: int) -> Runner:
-        script: list[Any] = [{"tool_calls": [{"name": "echo", "args": {"x": i}}]} for i in range(n)]
-        model = bc.ScriptedModel([*script, "done"], loop=True)
-        agent = bc.create_agent(model, [echo], max_iterations=n + 1)
-        return lambda: agent.ainvoke(PROMPT)
+    def sync_echo(x: int) -> int:
+        """Return x unchanged."""
+        return x
+
+    tools = {"async": echo, "sync": bc.tool(sync_echo, name="echo"),
+             "inline": bc.tool(sync_echo, name="echo", inline=True)}
+
+    def runner(kind: str) -> Callable[[int], Runner]:
+        def run_n(n: int) -> Runner:
+            script: list[Any] = [{"tool_calls": [{"name": "echo", "args": {"x": i}}]} for i in range(n)]
+            model = bc.ScriptedModel([*script, "done"], loop=True)
+            agent = bc.create_agent(model, [tools[kind]], max_iterations=n + 1)
+            return lambda: agent.ainvoke(PROMPT)
+
+        return run_n
 
     answer = bc.ScriptedModel(["done"], loop=True)
-    return Framework("backchannel", runner, lambda: bc.create_agent(answer, [echo]))
+    return Framework("backchannel", {kind: runner(kind) for kind in TOOL_KINDS},
+                     lambda: bc.create_agent(answer, [echo]))
 
 
 # -- LangChain peers ---------------------------------------------------------------
@@ -128,7 +147,8 @@ def backchannel_framework() -> Framework:
 
 @functools.cache
 def _langchain_kit() -> tuple[type, Any]:
-    """A scripted LangChain chat model class and the ``echo`` tool (imported only when needed)."""
+    """A scripted LangChain chat model class and the async ``echo`` tool (imported only when
+    needed)."""
     from langchain_core.language_models import BaseChatModel
     from langchain_core.messages import AIMessage
     from langchain_core.outputs import ChatGeneration, ChatResult
@@ -174,6 +194,19 @@ def _langchain_kit() -> tuple[type, Any]:
     return ScriptedChatModel, echo
 
 
+@functools.cache
+def _langchain_sync_echo() -> Any:
+    """The ``echo`` tool on a sync function (LangChain runs it in a worker thread)."""
+    from langchain_core.tools import tool
+
+    @tool
+    def echo(x: int) -> int:
+        """Return x unchanged."""
+        return x
+
+    return echo
+
+
 def langchain_framework() -> Framework:
     from langchain.agents import create_agent
 
@@ -189,13 +222,17 @@ def deepagents_framework() -> Framework:
 def _langgraph_framework(name: str, create: Callable[..., Any]) -> Framework:
     """A LangGraph-based peer built by ``create(model, tools)`` with the scripted LangChain model."""
     model_class, echo = _langchain_kit()
+    tools = {"async": echo, "sync": _langchain_sync_echo()}
 
-    def runner(n: int) -> Runner:
-        agent = create(model_class(tool_calls=n), [echo])
-        return lambda: agent.ainvoke(PROMPT, config=LANGGRAPH_CONFIG)
+    def runner(kind: str) -> Callable[[int], Runner]:
+        def run_n(n: int) -> Runner:
+            agent = create(model_class(tool_calls=n), [tools[kind]])
+            return lambda: agent.ainvoke(PROMPT, config=LANGGRAPH_CONFIG)
+
+        return run_n
 
     answer = model_class(tool_calls=0)
-    return Framework(name, runner, lambda: create(answer, [echo]))
+    return Framework(name, {kind: runner(kind) for kind in tools}, lambda: create(answer, [echo]))
 
 
 def load_frameworks() -> dict[str, Framework | str]:
@@ -224,13 +261,13 @@ def _check(result: dict[str, Any], n: int, name: str) -> None:
                              f"and {getattr(last, 'content', None)!r}")
 
 
-async def measure_steps(framework: Framework, n: int, repeats: int) -> Stats:
-    """µs per step over ``repeats`` samples, after one warm-up run.
+async def measure_steps(framework: Framework, kind: str, n: int, repeats: int) -> Stats:
+    """µs per step with a ``kind`` tool over ``repeats`` samples, after one warm-up run.
 
     A sample times back-to-back runs covering about ``STEPS_PER_SAMPLE`` steps, so short
     scripts are not dominated by timer and cache noise. The collector stays on, as in real use.
     """
-    run = framework.runner(n)
+    run = framework.runners[kind](n)
     _check(await run(), n, framework.name)
     runs = max(1, STEPS_PER_SAMPLE // n)
     gc.collect()
@@ -344,16 +381,19 @@ def _parse_importtime(stderr: str, package: str) -> ImportTime:
 
 
 async def measure_all_steps(frameworks: dict[str, Framework | str],
-                            settings: Settings) -> dict[str, dict[int, Stats | str]]:
-    steps: dict[str, dict[int, Stats | str]] = {}
-    for name, fw in frameworks.items():
-        steps[name] = {}
-        for n in SIZES:
-            if isinstance(fw, str):
-                steps[name][n] = fw
-            else:
-                _progress(f"steps: {name} N={n}")
-                steps[name][n] = await measure_steps(fw, n, settings.step_repeats)
+                            settings: Settings) -> dict[str, dict[str, dict[int, Stats | str]]]:
+    """µs per step by tool kind, framework and N ("not installed", or "-" for a kind a framework
+    does not have)."""
+    steps: dict[str, dict[str, dict[int, Stats | str]]] = {kind: {} for kind in TOOL_KINDS}
+    for kind in TOOL_KINDS:
+        for name, fw in frameworks.items():
+            steps[kind][name] = {}
+            for n in SIZES:
+                if isinstance(fw, str) or kind not in fw.runners:
+                    steps[kind][name][n] = fw if isinstance(fw, str) else "-"
+                else:
+                    _progress(f"steps, {kind} tool: {name} N={n}")
+                    steps[kind][name][n] = await measure_steps(fw, kind, n, settings.step_repeats)
     return steps
 
 
@@ -382,7 +422,8 @@ def run_benchmarks(settings: Settings) -> dict[str, Any]:
         _progress(f"import time: {module}")
         measured = measure_import(module, settings.import_repeats)
         imports[name] = "not installed" if measured is None else measured
-    return {"steps": steps, "construction": construction, "memory": memory, "backchannel_extras": extras,
+    return {"steps": steps["async"], "sync_steps": steps["sync"], "inline_steps": steps["inline"],
+            "construction": construction, "memory": memory, "backchannel_extras": extras,
             "imports": imports}
 
 
@@ -432,6 +473,7 @@ def target_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
     imports = results["imports"]["backchannel"]
     figures = {
         "step_us_at_50": _best(steps[50]),
+        "sync_step_us_at_50": _best(results["sync_steps"]["backchannel"][50]),
         "growth_10_to_200_pct": growth_pct(steps),
         "construct_us": _best(results["construction"]["backchannel"]),
         "bytes_per_agent": _best(results["memory"]["backchannel"]),
@@ -446,13 +488,7 @@ def render_steps(results: dict[str, Any], out: Any) -> None:
     print(f"\nstep overhead: µs per step, best / median of {results['settings']['step_repeats']} samples "
           f"(python {results['python']}, {results['mode']} mode)", file=out)
     print("a step = one model call + its tool call; each run's final answer call is included\n", file=out)
-    header = (f"{'N':>5} | {'backchannel':>17} | {'langchain':>19} | {'deepagents':>19} | "
-              f"{'lc/bc':>7} | {'da/bc':>7}")
-    print(header, "-" * len(header), sep="\n", file=out)
-    for n in SIZES:
-        bc, lc, da = (steps[f][n] for f in FRAMEWORKS)
-        print(f"{n:>5} | {_fmt(bc):>17} | {_fmt(lc):>19} | {_fmt(da):>19} | {_ratio(lc, bc):>7} | "
-              f"{_ratio(da, bc):>7}", file=out)
+    _print_step_table({name: steps[name] for name in FRAMEWORKS}, out)
     print(file=out)
     for name in FRAMEWORKS:
         g, m = growth_pct(steps[name]), marginal_us(steps[name])
@@ -461,6 +497,28 @@ def render_steps(results: dict[str, Any], out: Any) -> None:
         else:
             print(f"{name:<12} growth N={SIZES[0]}->{SIZES[-1]}: {g:+6.1f} %   "
                   f"marginal cost of a step: {m:,.1f} µs", file=out)
+
+
+def render_sync_steps(results: dict[str, Any], out: Any) -> None:
+    sync, inline = results["sync_steps"], results["inline_steps"]["backchannel"]
+    print(f"\nstep overhead with a sync tool: µs per step, best / median of "
+          f"{results['settings']['step_repeats']} samples", file=out)
+    print("sync tools run in a worker thread in every framework; backchannel's @tool(inline=True) runs "
+          "one on the event loop\n", file=out)
+    _print_step_table({"backchannel": sync["backchannel"], "bc inline=True": inline,
+                       "langchain": sync["langchain"], "deepagents": sync["deepagents"]}, out)
+
+
+def _print_step_table(columns: dict[str, dict[int, Stats | str]], out: Any) -> None:
+    """One row per N: each column's best / median µs, then the peers' ratios to backchannel."""
+    header = (f"{'N':>5} | " + " | ".join(f"{name:>19}" for name in columns) +
+              f" | {'lc/bc':>7} | {'da/bc':>7}")
+    print(header, "-" * len(header), sep="\n", file=out)
+    for n in SIZES:
+        cells = " | ".join(f"{_fmt(column[n]):>19}" for column in columns.values())
+        bc = columns["backchannel"][n]
+        print(f"{n:>5} | {cells} | {_ratio(columns['langchain'][n], bc):>7} | "
+              f"{_ratio(columns['deepagents'][n], bc):>7}", file=out)
 
 
 def render_costs(results: dict[str, Any], out: Any) -> None:
@@ -486,6 +544,7 @@ def render_costs(results: dict[str, Any], out: Any) -> None:
 
 def render_targets(checks: list[dict[str, Any]], out: Any) -> None:
     labels = {"step_us_at_50": ("µs per step at N=50 (best)", "µs"),
+              "sync_step_us_at_50": ("... with a sync tool (thread)", "µs"),
               "growth_10_to_200_pct": (f"growth N={SIZES[0]}->{SIZES[-1]}", "%"),
               "construct_us": ("construction (best)", "µs"),
               "bytes_per_agent": ("retained memory per agent", "B"),
@@ -532,7 +591,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["marginal_us_per_step"] = {name: marginal_us(results["steps"][name]) for name in FRAMEWORKS}
     checks = target_checks(results)
     results["target_checks"] = checks
-    emit_report(results, [render_steps, render_costs, lambda r, out: render_targets(checks, out)], args.json)
+    emit_report(results, [render_steps, render_sync_steps, render_costs, lambda r, out: render_targets(checks, out)],
+                args.json)
     return 0
 
 

@@ -3,6 +3,7 @@
 import asyncio
 import operator
 import threading
+import time
 from typing import Annotated, Literal, Optional, TypedDict
 
 import pytest
@@ -72,6 +73,63 @@ async def test_sync_tools_run_off_the_event_loop_thread():
 
     await where.ainvoke({})
     assert seen["thread"] != threading.get_ident()
+
+
+async def test_inline_sync_tools_run_on_the_event_loop_thread():
+    seen = {}
+
+    @tool(inline=True)
+    def here() -> str:
+        """Report the thread."""
+        seen["thread"] = threading.get_ident()
+        return "ok"
+
+    assert here.inline and not add.inline
+    agent = create_agent(ScriptedModel([{"tool_calls": [call("here")]}, "done"]), [here])
+    state = await agent.ainvoke("go")
+    assert seen["thread"] == threading.get_ident()
+    assert [m.text for m in tool_messages(state)] == ["ok"]
+
+
+async def test_a_slow_sync_tool_does_not_block_the_event_loop():
+    @tool
+    def slow(seconds: float) -> str:
+        """Block the calling thread."""
+        time.sleep(seconds)
+        return "slept"
+
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    # four parallel calls of 0.3 s: in worker threads they overlap, and the loop keeps ticking
+    script = [{"tool_calls": [call("slow", {"seconds": 0.3}, f"c{i}") for i in range(4)]}, "done"]
+    agent = create_agent(ScriptedModel(script), [slow])
+    ticking = asyncio.create_task(ticker())
+    start = time.perf_counter()
+    state = await agent.ainvoke("go")
+    elapsed = time.perf_counter() - start
+    ticking.cancel()
+    assert [m.text for m in tool_messages(state)] == ["slept"] * 4
+    assert elapsed < 1.0  # 1.2 s if the calls ran one after another
+    assert ticks >= 10  # about 30 if nothing else competes for the CPU; none if the loop were blocked
+
+
+async def test_more_parallel_sync_calls_than_worker_threads_all_complete():
+    @tool
+    def double(x: int) -> int:
+        """Twice x, after a short block."""
+        time.sleep(0.01)
+        return 2 * x
+
+    n = 80  # more than the worker threads (at most 32): the rest wait their turn
+    script = [{"tool_calls": [call("double", {"x": i}, f"c{i}") for i in range(n)]}, "done"]
+    state = await create_agent(ScriptedModel(script), [double]).ainvoke("go")
+    assert [m.text for m in tool_messages(state)] == [str(2 * i) for i in range(n)]
 
 
 def test_decorator_options():
@@ -261,6 +319,18 @@ async def test_tool_exception_becomes_an_error_and_the_run_continues():
     assert msg.status == "error"
     assert "tool 'explode' failed: ValueError: cannot handle 7" in msg.text
     assert state["messages"][-1].text == "recovered"
+
+
+async def test_a_sync_tool_raising_stop_iteration_fails_like_any_other():
+    @tool
+    def first(items: list[int]) -> int:
+        """The first item."""
+        return next(iter(items))
+
+    agent, _ = _agent([{"tool_calls": [call("first", {"items": []})]}, "recovered"], [first])
+    state = await asyncio.wait_for(agent.ainvoke("go"), 5)
+    [msg] = tool_messages(state)
+    assert msg.status == "error" and "StopIteration" in msg.text
 
 
 async def test_invalid_tool_calls_on_the_ai_message_become_errors():

@@ -46,6 +46,10 @@ def _default(value: Any) -> Any:
                     "JSON-serializable (or messages, dataclasses, pydantic models)")
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_default, ensure_ascii=False)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON of ``value``, with messages and other known objects converted."""
-    return json.dumps(value, separators=(",", ":"), default=_default, ensure_ascii=False)
+    return _ENCODER.encode(value)

@@ -9,7 +9,6 @@ decorating is cheap and ``import backchannel`` does not import pydantic.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import re
@@ -18,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, overload
+
+from backchannel._threads import run_in_thread
 
 __all__ = ["Tool", "ToolArgumentsError", "ToolError", "ToolResult", "ToolRuntime", "tool"]
 
@@ -98,7 +99,10 @@ _ValidationError: Any = None  # pydantic's, once a tool's model is built (pydant
 
 
 class Tool:
-    """A callable the model can use: a name, a description, a JSON schema and a function."""
+    """A callable the model can use: a name, a description, a JSON schema and a function.
+
+    A sync function runs in a worker thread, or on the event loop with ``inline=True`` (see :func:`tool`).
+    """
 
     def __init__(
         self,
@@ -108,11 +112,13 @@ class Tool:
         description: str | None = None,
         return_direct: bool = False,
         args_schema: type | dict[str, Any] | None = None,
+        inline: bool = False,
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__
         self.return_direct = return_direct
         self.is_async = inspect.iscoroutinefunction(fn)
+        self.inline = inline
         self._description = description
         self._args_schema = args_schema
 
@@ -199,13 +205,15 @@ class Tool:
         return dict(validated.__dict__)
 
     async def ainvoke(self, args: dict[str, Any], runtime: ToolRuntime | None = None) -> Any:
-        """Validate ``args`` and run the function (sync functions run in a worker thread)."""
+        """Validate ``args`` and run the function (a sync one in a worker thread, unless ``inline``)."""
         kwargs = self.validate(args)
         if self.runtime_param is not None:
             kwargs[self.runtime_param] = runtime
         if self.is_async:
             return await self.fn(**kwargs)
-        return await asyncio.to_thread(self.fn, **kwargs)
+        if self.inline:
+            return self.fn(**kwargs)
+        return await run_in_thread(self.fn, kwargs)
 
 
 def _drop_titles(schema: Any) -> None:
@@ -243,6 +251,7 @@ def tool(
     description: str | None = None,
     return_direct: bool = False,
     args_schema: type | dict[str, Any] | None = None,
+    inline: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -252,11 +261,22 @@ def tool(
     description: str | None = None,
     return_direct: bool = False,
     args_schema: type | dict[str, Any] | None = None,
+    inline: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Make a :class:`Tool` from a function: ``@tool`` or ``@tool(name=..., return_direct=True)``."""
+    """Make a :class:`Tool` from a function: ``@tool`` or ``@tool(name=..., return_direct=True)``.
+
+    An ``async def`` function runs on the event loop. A plain ``def`` function
+    runs in a worker thread, so a slow or blocking one (a network call, a file,
+    a subprocess) never stalls the other runs and subagents sharing the loop;
+    the hop to the thread and back costs a few tens of µs. ``inline=True`` runs
+    a sync function on the event loop instead, for one that returns at once
+    (pure computation, no I/O, no sleeping): it then costs about as much as an
+    async tool. An inline function that blocks, blocks every run in the process.
+    """
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, return_direct=return_direct, args_schema=args_schema)
+        return Tool(f, name=name, description=description, return_direct=return_direct, args_schema=args_schema,
+                    inline=inline)
 
     return wrap(fn) if fn is not None else wrap
 
