@@ -2,11 +2,13 @@
 
     backchannel demo [--prompt TEXT] [--model provider:name] [--store URL]
     backchannel run "question" [--model provider:name] [--thread ID] [--store URL]
-    backchannel threads [list | show ID | tree ID | delete ID] [--store URL]
+    backchannel threads [list | show ID | tree ID | delete ID] [--store URL | --url URL]
+    backchannel serve [--host H] [--port 8123] [--database URL] [--agents [ID=]module:attr ...] [--api-key KEY]
 
 State lives in ``~/.backchannel/state.db`` (SQLite) unless ``--store`` says
-otherwise. The model comes from ``--model``, else ``BACKCHANNEL_MODEL``, else
-``OPENAI_API_KEY`` or ``ANTHROPIC_API_KEY`` being set.
+otherwise; ``--url`` works on a server's threads instead. The model comes from
+``--model``, else ``BACKCHANNEL_MODEL``, else ``OPENAI_API_KEY`` or
+``ANTHROPIC_API_KEY`` being set.
 """
 
 from __future__ import annotations
@@ -169,10 +171,20 @@ async def run_once(prompt: str, model: str, thread_id: str | None, store: str, c
         console.print(f"[dim]thread {thread_id}[/]")
 
 
-async def run_threads(action: str, thread_id: str | None, store: str, console: Console) -> int:
+def open_runtime(store: str, url: str | None = None) -> Any:
+    """The runtime the command works on: the server at ``url``, else the embedded one on ``store``."""
+    if url:
+        from backchannel.runtime.remote import RemoteRuntime
+
+        return RemoteRuntime(url)
     from backchannel.runtime import LocalRuntime
 
-    async with LocalRuntime(store) as rt:
+    return LocalRuntime(store)
+
+
+async def run_threads(action: str, thread_id: str | None, store: str, console: Console,
+                      url: str | None = None) -> int:
+    async with open_runtime(store, url) as rt:
         if action == "list":
             table = Table("thread", "status", "updated", "metadata")
             for t in await rt.threads.search(limit=50):
@@ -216,11 +228,54 @@ def _parser() -> argparse.ArgumentParser:
     threads = sub.add_parser("threads", help="list, show, tree or delete threads")
     threads.add_argument("action", nargs="?", default="list", choices=["list", "show", "tree", "delete"])
     threads.add_argument("thread_id", nargs="?")
+    threads.add_argument("--url", default=None, help="a backchannel or LangGraph server to work on instead")
+    serve = sub.add_parser("serve", help="serve agents over the LangGraph HTTP API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8123)
+    serve.add_argument("--database", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
+    serve.add_argument("--agents", nargs="+", default=[], metavar="[ID=]MODULE:ATTR",
+                       help="agents to serve, e.g. myapp.agents:supervisor (default: a deep agent on --model)")
+    serve.add_argument("--demo", action="store_true", help="serve the demo supervisor (offline unless --model)")
+    serve.add_argument("--api-key", default=os.environ.get("BACKCHANNEL_API_KEY"),
+                       help="require this key in x-api-key (default: $BACKCHANNEL_API_KEY)")
+    serve.add_argument("--no-auth", action="store_true", help="serve a non-loopback host without an API key")
+    serve.add_argument("--public-url", default=None, help="where other servers reach this one")
+    serve.add_argument("--grace", type=float, default=10.0, help="seconds running runs get to finish on stop")
     for p in (demo, run, threads):
         p.add_argument("--store", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
-    for p in (demo, run):
+    for p in (demo, run, serve):
         p.add_argument("--model", default=None, help="provider:model, e.g. openai:gpt-4o-mini")
     return parser
+
+
+def run_serve(args: argparse.Namespace, console: Console) -> int:
+    from backchannel.server import import_agents, serve
+    from backchannel.server.serving import is_loopback
+
+    if not is_loopback(args.host) and not args.api_key and not args.no_auth:
+        console.print(f"[red]refusing to serve {args.host} without an API key:[/] pass --api-key (or set "
+                      "BACKCHANNEL_API_KEY), or --no-auth if the network is trusted")
+        return 2
+    model = resolve_model(args.model)
+    agents = import_agents(args.agents)
+    if args.demo:
+        from backchannel.demo import build_demo
+
+        agents["supervisor"] = build_demo(model)
+    if not agents:
+        if model is None:
+            console.print("[red]nothing to serve:[/] pass --agents module:attr, --demo, or a --model for a "
+                          "default deep agent")
+            return 2
+        from backchannel.deep_agent import create_deep_agent
+
+        agents["agent"] = create_deep_agent(model, name="agent")
+    console.print(f"[bold]backchannel serve[/] on http://{args.host}:{args.port} · assistants: "
+                  f"{', '.join(agents)} · state: {escape(args.database)}"
+                  f"{' · API key required' if args.api_key else ''}")
+    serve(agents, host=args.host, port=args.port, database=args.database, api_key=args.api_key,
+          public_url=args.public_url, grace=args.grace)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -238,8 +293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "set), or set BACKCHANNEL_MODEL")
                 return 2
             asyncio.run(run_once(args.prompt, model, args.thread, args.store, console))
+        elif args.command == "serve":
+            return run_serve(args, console)
         else:
-            return asyncio.run(run_threads(args.action, args.thread_id, args.store, console))
+            return asyncio.run(run_threads(args.action, args.thread_id, args.store, console, args.url))
     except KeyboardInterrupt:
         console.print("[dim]stopped; unfinished runs resume next time[/]")
         return 130

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AuthenticationError",
     "BackchannelError",
     "ConflictError",
     "InvalidRequestError",
@@ -12,6 +13,7 @@ __all__ = [
     "MiddlewareError",
     "ModelError",
     "NotFoundError",
+    "RemoteError",
     "RunCancelled",
     "SchemaVersionError",
 ]
@@ -65,3 +67,15 @@ class InvalidRequestError(BackchannelError, ValueError):
 
 class SchemaVersionError(BackchannelError):
     """The database was migrated by a newer backchannel than this one."""
+
+
+class AuthenticationError(BackchannelError):
+    """A server refused the request's credentials: a missing or wrong API key (HTTP 401/403)."""
+
+
+class RemoteError(BackchannelError):
+    """Another server could not answer: unreachable, timed out, or failed (HTTP 5xx). Worth retrying."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code

@@ -13,7 +13,9 @@ parent thread::
 
 Each task run notifies once: the message's idempotency key is
 ``<task_id>:<run_id>``, and the parent's inbox keeps one message per key.
-Without a parent context the notifier does nothing.
+A supervisor on another server (``parent_url``) gets the message over HTTP,
+through this runtime's outbox (:mod:`backchannel.runtime.outbox`). Without a
+parent context the notifier does nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class ParentContext(TypedDict, total=False):
     parent_thread_id: Annotated[str, _keep]
     parent_assistant_id: Annotated[str, _keep]
     task_id: Annotated[str, _keep]
+    parent_url: Annotated[str, _keep]  # the supervisor's server, when it is not this runtime
 
 
 def format_notification(task_id: str, subagent: str, status: str, detail: str) -> str:
@@ -87,8 +90,12 @@ class CompletionNotifier(Middleware):
         if status is None:
             return
         message = notification_message(task_id, ctx.agent, status, detail, ctx.run_id)
-        await ctx.runtime.deliver(parent, message, key=f"{task_id}:{ctx.run_id}",
-                                  assistant_id=state.get("parent_assistant_id"))
+        key, assistant_id = f"{task_id}:{ctx.run_id}", state.get("parent_assistant_id")
+        url = state.get("parent_url")
+        if url and url != getattr(ctx.runtime, "public_url", None):
+            await ctx.runtime.outbox.put(key, url=url, thread_id=parent, assistant_id=assistant_id, message=message)
+        else:
+            await ctx.runtime.deliver(parent, message, key=key, assistant_id=assistant_id)
 
 
 def _outcome(result: RunResult) -> tuple[str | None, str]:

@@ -14,9 +14,12 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError
+from backchannel.messages import HumanMessage, messages_from_input
 from backchannel.runtime.checkpoints import ThreadState
+from backchannel.runtime.inbox import notification_in
 from backchannel.runtime.modes import STREAM_MODES, StreamMapper, StreamPart, interrupt_part, wants_values
 from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, ThreadRow, now_iso
+from backchannel.runtime.webhooks import check_webhook_url
 from backchannel.serde import to_jsonable
 
 if TYPE_CHECKING:
@@ -56,6 +59,16 @@ class AssistantsClient:
 
     async def count(self, **kwargs: Any) -> int:
         return len(await self.search(limit=1_000_000, **kwargs))
+
+    async def get_schemas(self, assistant_id: str, **_: Any) -> dict[str, Any]:
+        """JSON schemas of the agent's state (its input and output too): ``messages`` and its state keys."""
+        graph_id = self._rt.graph_id_of(assistant_id)
+        agent = self._rt.graphs[graph_id]
+        keys = {key: {} for key in agent.state_reducers() if key != "messages"}
+        state = {"title": agent.graph_name, "type": "object", "properties": {
+            "messages": {"type": "array", "items": {"type": "object"}}, **keys}}
+        return {"graph_id": graph_id, "input_schema": state, "output_schema": state, "state_schema": state,
+                "config_schema": None, "context_schema": None}
 
     async def get_graph(self, assistant_id: str, **_: Any) -> dict[str, Any]:
         """The agent's loop as nodes and edges (model, tools and each middleware hook)."""
@@ -247,18 +260,30 @@ class RunsClient:
                      checkpoint_id: str | None = None, multitask_strategy: str | None = None,
                      if_not_exists: str | None = None, on_completion: str | None = None,
                      after_seconds: float | None = None, timeout: float | None = None,
-                     concurrency_key: str | None = None, concurrency_limit: int | None = None,
-                     _wake: bool = False, **_: Any) -> dict[str, Any]:
+                     webhook: str | None = None, concurrency_key: str | None = None,
+                     concurrency_limit: int | None = None, _wake: bool = False, _watched: bool = False,
+                     **_: Any) -> dict[str, Any]:
         """Queue a run and return it (status ``pending``); it starts as soon as its thread is free.
 
         Beyond the LangGraph arguments: ``timeout`` (seconds) ends the run with status
         ``timeout``; runs sharing a ``concurrency_key`` run at most ``concurrency_limit`` at a time.
+        ``webhook`` is an http(s) URL that gets the run (with its final values) POSTed when it ends.
+
+        An input that is one task notification (a background task reporting back, possibly from
+        another server) is delivered as :meth:`LocalRuntime.deliver` delivers it, once per task
+        run: into the thread's active run, or by waking the thread. The run returned is the one
+        that takes it.
         """
         rt = self._rt
         await rt.open()
         graph_id = rt.graph_id_of(assistant_id)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         _check_run_arguments(input, command, modes, multitask_strategy, if_not_exists, on_completion)
+        if webhook is not None:
+            check_webhook_url(webhook)
+        notification = notification_in(input) if thread_id is not None and command is None else None
+        if notification is not None:
+            return await self._deliver(thread_id, graph_id, notification)
         temporary = thread_id is None
         if thread_id is None:
             if command and "resume" in command:
@@ -284,7 +309,7 @@ class RunsClient:
             "config": dict(config or {}), "context": context, "stream_mode": modes,
             "stream_subgraphs": stream_subgraphs, "stream_resumable": stream_resumable,
             "checkpoint_id": checkpoint_id, "temporary": temporary and (on_completion or "delete") == "delete",
-            "timeout": timeout, "wake": _wake}
+            "timeout": timeout, "wake": _wake, "webhook": webhook}
         if command and "resume" in command and not active:
             kwargs["resume_map"] = resume_map(thread, command["resume"])
         now = datetime.now(timezone.utc)
@@ -297,7 +322,7 @@ class RunsClient:
                      concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
         # The stream and context exist before the run is stored: the scheduler may start it at
         # the first await (e.g. while the runs it supersedes are being cancelled).
-        rt.new_stream(row)
+        rt.new_stream(row, watched=_watched)
         rt.remember_context(row.run_id)
         thread.metadata = {**thread.metadata, "graph_id": graph_id, "assistant_id": assistant}
         thread.status = "busy"
@@ -310,10 +335,10 @@ class RunsClient:
             for other in reversed(active):
                 await rt.cancel_run(other, strategy, wait=True)
         rt.kick()
-        return _render_run(row)
+        return render_run(row)
 
     async def get(self, thread_id: str, run_id: str, **_: Any) -> dict[str, Any]:
-        return _render_run(await self._row(thread_id, run_id))
+        return render_run(await self._row(thread_id, run_id))
 
     async def _row(self, thread_id: str, run_id: str) -> RunRow:
         await self._rt.open()
@@ -326,7 +351,7 @@ class RunsClient:
                    **_: Any) -> list[dict[str, Any]]:
         await self._rt.threads._row(thread_id)
         rows = await self._rt.storage.list_runs(thread_id, status=status, limit=limit, offset=offset)
-        return [_render_run(r) for r in rows]
+        return [render_run(r) for r in rows]
 
     async def cancel(self, thread_id: str, run_id: str, *, wait: bool = False, action: str = "interrupt",
                      **_: Any) -> None:
@@ -347,22 +372,33 @@ class RunsClient:
     async def join(self, thread_id: str, run_id: str, **_: Any) -> dict[str, Any]:
         """Wait for the run to end; returns the thread's final values (``__error__``/``__interrupt__`` if so)."""
         row = await self._row(thread_id, run_id)
-        row = await self._rt.wait_for(row.run_id)
-        return await self._result(row)
+        return await self.output(row.run_id)
+
+    async def output(self, run_id: str) -> dict[str, Any]:
+        """Wait for a run to end and return what :meth:`join` returns, for a run known to exist."""
+        return await self._result(await self._rt.wait_for(run_id))
 
     async def wait(self, thread_id: str | None, assistant_id: str, *, raise_error: bool = True,
                    **kwargs: Any) -> dict[str, Any]:
         """Create a run and wait for it; returns its final values like :meth:`join`."""
         run = await self.create(thread_id, assistant_id, **kwargs)
-        row = await self._rt.wait_for(run["run_id"])
-        result = await self._result(row)
-        if row.status in ("error", "timeout") and raise_error:
-            error = result["__error__"]
-            stream = self._rt.stream_of(row.run_id)
+        result = await self.output(run["run_id"])
+        error = result.get("__error__")
+        if error is not None and raise_error:
+            stream = self._rt.stream_of(run["run_id"])
             if stream is not None and stream.exception is not None:
                 raise stream.exception
             raise RuntimeError(f"{error['error']}: {error['message']}")
         return result
+
+    async def _deliver(self, thread_id: str, graph_id: str, message: HumanMessage) -> dict[str, Any]:
+        rt = self._rt
+        await self._rt.threads._row(thread_id)
+        note = message.additional_kwargs["task_notification"]
+        await rt.deliver(thread_id, message, key=f"{note['task_id']}:{note['run_id']}", assistant_id=graph_id)
+        active = await rt.storage.active_runs(thread_id)
+        taker = active[-1] if active else (await rt.storage.list_runs(thread_id, limit=1))[0]
+        return render_run(taker)
 
     async def _result(self, row: RunRow) -> dict[str, Any]:
         stream = self._rt.stream_of(row.run_id)
@@ -394,7 +430,7 @@ class RunsClient:
                             stream_subgraphs=stream_subgraphs, **kwargs)
 
     async def _stream(self, thread_id: str | None, assistant_id: str, **kwargs: Any) -> AsyncIterator[StreamPart]:
-        run = await self.create(thread_id, assistant_id, **kwargs)
+        run = await self.create(thread_id, assistant_id, _watched=True, **kwargs)
         row = await self._rt.storage.get_run(run["run_id"])
         assert row is not None
         async for part in self._follow(row, None, 0):
@@ -495,6 +531,12 @@ def _check_run_arguments(input: Any, command: Mapping[str, Any] | None, modes: S
         raise InvalidRequestError(f"if_not_exists must be 'reject' or 'create', not {if_not_exists!r}")
     if on_completion not in (None, "delete", "keep"):
         raise InvalidRequestError(f"on_completion must be 'delete' or 'keep', not {on_completion!r}")
+    messages = input.get("messages") if isinstance(input, Mapping) else input if isinstance(input, (list, str)) else None
+    if messages is not None:
+        try:
+            messages_from_input(messages)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"input messages: {exc}") from None
     if command is not None:
         if not isinstance(command, Mapping) or not set(command) & {"resume", "update", "goto"}:
             raise InvalidRequestError("command must be a dict with 'resume', 'update' and/or 'goto'")
@@ -548,7 +590,7 @@ def _interrupts_by_task(row: ThreadRow) -> dict[str, list[dict[str, Any]]]:
                                                               for i in row.interrupts]}
 
 
-def _render_run(row: RunRow) -> dict[str, Any]:
+def render_run(row: RunRow) -> dict[str, Any]:
     kwargs = {k: v for k, v in row.kwargs.items() if k not in ("resume_map", "wake")}
     return {"run_id": row.run_id, "thread_id": row.thread_id, "assistant_id": row.assistant_id,
             "metadata": row.metadata, "status": row.status, "kwargs": kwargs,

@@ -9,12 +9,35 @@ is idle wakes it with a new run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from backchannel.messages import AnyMessage
+from backchannel.messages import AnyMessage, HumanMessage, messages_from_input
 from backchannel.runtime.storage import Storage
 
-__all__ = ["ThreadInbox"]
+__all__ = ["ThreadInbox", "notification_in"]
+
+
+def notification_in(value: Any) -> HumanMessage | None:
+    """The task notification a run's input consists of, if it is exactly one (else ``None``).
+
+    A background task on another server reports back with ``runs.create`` on its
+    supervisor's thread; this is how the supervisor's runtime tells such a run
+    from user input, so it can deliver it once, like a local notification.
+    """
+    if not isinstance(value, Mapping) or set(value) != {"messages"}:
+        return None
+    raw = value["messages"]
+    if not isinstance(raw, Sequence) or isinstance(raw, str) or len(raw) != 1:
+        return None
+    candidate = raw[0]
+    kwargs = candidate.get("additional_kwargs") if isinstance(candidate, Mapping) else getattr(
+        candidate, "additional_kwargs", None)
+    note = (kwargs or {}).get("task_notification")
+    if not isinstance(note, Mapping) or not note.get("task_id") or not note.get("run_id"):
+        return None
+    (message,) = messages_from_input(raw)
+    return message if isinstance(message, HumanMessage) else None
 
 
 class ThreadInbox:

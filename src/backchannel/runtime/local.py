@@ -35,11 +35,13 @@ from backchannel.messages import (
     pending_tool_calls,
 )
 from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
-from backchannel.runtime.clients import resume_map
+from backchannel.runtime.clients import render_run, resume_map
 from backchannel.runtime.inbox import ThreadInbox
 from backchannel.runtime.modes import wants_values
 from backchannel.runtime.storage import RunEnd, RunRow, Storage, now_iso, open_storage
 from backchannel.runtime.streams import RunStream
+from backchannel.runtime.webhooks import post_webhook
+from backchannel.serde import to_jsonable
 from backchannel.state import snapshot
 from backchannel.state import Reducer
 
@@ -71,14 +73,18 @@ class LocalRuntime:
     """
 
     def __init__(self, store: str | Storage = DEFAULT_STORE, agents: Mapping[str, Agent] | None = None, *,
-                 max_concurrency: int = 256, heartbeat_interval: float = 5.0) -> None:
+                 max_concurrency: int = 256, heartbeat_interval: float = 5.0, public_url: str | None = None) -> None:
         from backchannel.runtime.clients import AssistantsClient, RunsClient, StoreClient, ThreadsClient
+        from backchannel.runtime.outbox import Outbox
 
         self.storage = open_storage(store)
         self.checkpoints = Checkpointer(self.storage)
         self.max_concurrency = max_concurrency
         self.heartbeat_interval = heartbeat_interval
         self.worker_id = new_id()
+        # Where other servers reach this runtime (set when it is served over HTTP): background
+        # tasks on other servers report back to it there.
+        self.public_url = public_url
         self.graphs: dict[str, Agent] = {}
         self._assistant_ids: dict[str, str] = {}
         for graph_id, agent in (agents or {}).items():
@@ -93,12 +99,14 @@ class LocalRuntime:
         self._cancel_actions: dict[str, str] = {}
         self._wake = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
+        self._side_tasks: set[asyncio.Task[Any]] = set()  # webhooks and the outbox: not runs
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self.assistants = AssistantsClient(self)
         self.threads = ThreadsClient(self)
         self.runs = RunsClient(self)
         self.store = StoreClient(self)
+        self.outbox = Outbox(self)
 
     # -- agents --------------------------------------------------------------
 
@@ -164,18 +172,36 @@ class LocalRuntime:
             self._background = [asyncio.create_task(self._schedule_forever()),
                                 asyncio.create_task(self._heartbeat_forever())]
             await self._recover()
+            self.outbox.start()  # notifications for other servers left by the previous owner
 
-    async def close(self) -> None:
-        """Stop scheduling and running. Unfinished runs stay in storage and resume at the next open."""
+    async def close(self, grace: float = 0.0) -> None:
+        """Stop scheduling and running. Unfinished runs stay in storage and resume at the next open.
+
+        With ``grace`` (seconds), no new run starts but the running ones get that long to finish.
+        """
         if not self._opened:
             return
+        scheduler = self._background[0]
+        scheduler.cancel()
+        await asyncio.gather(scheduler, return_exceptions=True)
+        if grace > 0 and self._tasks:
+            await asyncio.wait(list(self._tasks.values()), timeout=grace)
         self._opened = False
-        for task in [*self._background, *self._tasks.values()]:
+        tasks = [*self._background, *self._tasks.values(), *self._side_tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._background, *self._tasks.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._background = []
+        await self.outbox.close()
         await self.storage.forget_worker(self.worker_id)
         await self.storage.close()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run ``coro`` beside the runs (webhooks, the outbox); cancelled when the runtime closes."""
+        task = asyncio.create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        return task
 
     async def _recover(self) -> None:
         """Requeue, for this runtime, the runs of workers that are no longer alive."""
@@ -223,10 +249,11 @@ class LocalRuntime:
         task = asyncio.create_task(self._execute(row, stream), context=context)
         self._tasks[row.run_id] = task
 
-    def new_stream(self, row: RunRow) -> RunStream:
+    def new_stream(self, row: RunRow, *, watched: bool = False) -> RunStream:
+        """The event stream of a new run; ``watched`` when its creator follows it from the start."""
         resumable = bool(row.kwargs.get("stream_resumable"))
-        stream = RunStream(row.run_id, resumable=resumable,
-                           values=resumable and wants_values(row.kwargs.get("stream_mode") or ()))
+        stream = RunStream(row.run_id, resumable=resumable, watched=watched,
+                           values=(resumable or watched) and wants_values(row.kwargs.get("stream_mode") or ()))
         self._streams[row.run_id] = stream
         return stream
 
@@ -274,8 +301,21 @@ class LocalRuntime:
             await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
         self._retire(stream)
+        if row.kwargs.get("webhook"):
+            await self._call_webhook(row, stream, status, values, error)
         if status == "success" and has_mail and self._opened:  # mail came as the run finished: wake it
             await self._wake_thread(row.thread_id, row.assistant_id)
+
+    async def _call_webhook(self, row: RunRow, stream: RunStream, status: str, values: dict[str, Any] | None,
+                            error: dict[str, Any] | None) -> None:
+        final = await self.storage.get_run(row.run_id) or stream.final_row
+        if final is None:
+            return  # rolled back: the run is gone
+        payload = {**render_run(final), "status": status, "values": to_jsonable(values) if values else None,
+                   "run_ended_at": now_iso()}
+        if error is not None:
+            payload["error"] = {"error": error.get("type", "Error"), "message": error.get("message", "")}
+        self.spawn(post_webhook(row.kwargs["webhook"], payload))
 
     async def _run_agent(self, row: RunRow, agent: Agent, stream: RunStream) -> tuple[ThreadState, RunResult]:
         kwargs = row.kwargs

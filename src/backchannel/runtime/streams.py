@@ -17,10 +17,11 @@ class RunStream:
     A resumable run records every event, so readers can start from the
     beginning or after a given ``seq`` (what SSE clients send as
     ``Last-Event-ID``). Otherwise events are recorded only from the moment
-    somebody follows, so a run nobody watches publishes nothing at all.
+    somebody follows (or from the start, for a ``watched`` run), so a run
+    nobody watches publishes nothing at all.
     """
 
-    def __init__(self, run_id: str, *, resumable: bool = False, values: bool = False) -> None:
+    def __init__(self, run_id: str, *, resumable: bool = False, values: bool = False, watched: bool = False) -> None:
         self.run_id = run_id
         self.resumable = resumable
         self.bus = EventBus(wants_values=values)
@@ -34,7 +35,7 @@ class RunStream:
         self.result: dict[str, Any] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._recording = False
-        if resumable:
+        if resumable or watched:  # a run somebody follows from its creation records from the start
             self._record()
 
     def _record(self) -> None:

@@ -1,0 +1,75 @@
+"""The ASGI app: the LangGraph API over a :class:`~backchannel.runtime.LocalRuntime`.
+
+``create_app(runtime)`` serves the runtime's ``assistants``, ``threads``,
+``runs`` and ``store`` at the paths ``langgraph_sdk`` calls, plus ``/ok``,
+``/info`` and ``/openapi.json``. The app opens the runtime when it starts
+and, when it stops, gives running runs ``grace`` seconds to finish; the rest
+resume when a runtime next opens the same database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from backchannel.server import assistants, runs, store, threads
+from backchannel.server.auth import APIKeyMiddleware
+from backchannel.server.errors import EXCEPTION_HANDLERS
+from backchannel.server.openapi import openapi_document
+from backchannel.server.routing import Endpoint, JSONResponse, routes
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
+
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+
+
+async def ok(request: Request) -> Response:
+    return JSONResponse({"ok": True})
+
+
+async def info(request: Request) -> Response:
+    from backchannel import __version__
+
+    return JSONResponse({"version": __version__, "host": {"kind": "backchannel"},
+                         "flags": {"assistants": True, "crons": False, "langsmith": False}})
+
+
+async def openapi(request: Request) -> Response:
+    return JSONResponse(request.app.state.openapi)
+
+
+META = [
+    Endpoint("GET", "/ok", ok, "Health check (needs no API key)"),
+    Endpoint("GET", "/info", info, "Server version and features"),
+    Endpoint("GET", "/openapi.json", openapi, "This document"),
+]
+ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINTS, *runs.ENDPOINTS, *store.ENDPOINTS]
+
+
+def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               heartbeat: float = 5.0, grace: float = 10.0) -> Starlette:
+    """The server app for ``runtime``; with ``api_key``, requests need it in the ``x-api-key`` header."""
+    from backchannel import __version__
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await runtime.open()
+        try:
+            yield
+        finally:
+            await runtime.close(grace=grace)
+
+    middleware = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
+    app = Starlette(routes=routes(ENDPOINTS), middleware=middleware, exception_handlers=EXCEPTION_HANDLERS,
+                    lifespan=lifespan)
+    app.state.runtime = runtime
+    app.state.max_body_bytes = max_body_bytes
+    app.state.heartbeat = heartbeat
+    app.state.openapi = openapi_document(ENDPOINTS, version=__version__)
+    return app

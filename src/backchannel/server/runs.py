@@ -1,0 +1,220 @@
+"""``/threads/{thread_id}/runs/...`` and ``/runs/...``: create, stream, wait for, join and cancel runs."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from backchannel.errors import BackchannelError, NotFoundError
+from backchannel.runtime.modes import StreamPart
+from backchannel.server.routing import (
+    Endpoint,
+    JSONResponse,
+    Query,
+    dump,
+    query_bool,
+    query_int,
+    read_body,
+    render_json,
+    runtime_of,
+)
+from backchannel.server.schemas import RunCreate
+from backchannel.server.sse import StreamingBody, encode_event
+
+__all__ = ["ENDPOINTS"]
+
+logger = logging.getLogger("backchannel.server")
+
+_NOT_RUN_OPTIONS = ("assistant_id", "on_disconnect")
+
+
+def _run_options(body: RunCreate) -> dict[str, Any]:
+    return dump(body, exclude=_NOT_RUN_OPTIONS)
+
+
+async def create_run(request: Request) -> Response:
+    body = await read_body(request, RunCreate)
+    thread_id = request.path_params.get("thread_id")
+    run = await runtime_of(request).runs.create(thread_id, body.assistant_id, **_run_options(body))
+    location = f"/threads/{thread_id}/runs/{run['run_id']}" if thread_id is not None else f"/runs/{run['run_id']}"
+    return JSONResponse(run, headers={"content-location": location})
+
+
+async def stream_run(request: Request) -> Response:
+    body = await read_body(request, RunCreate)
+    rt = runtime_of(request)
+    thread_id = request.path_params.get("thread_id")
+    parts = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body))
+    metadata = await anext(parts)  # creates the run: a bad request fails here, before the response starts
+    run_id = metadata.data["run_id"]
+    url = f"/threads/{thread_id}/runs/{run_id}" if thread_id is not None else f"/runs/{run_id}"
+    return StreamingBody(
+        _events(parts, first=metadata, with_id=body.stream_resumable), media_type="text/event-stream",
+        heartbeat=request.app.state.heartbeat,
+        headers={"location": f"{url}/stream", "content-location": url},
+        on_disconnect=_canceller(rt, thread_id, run_id) if body.on_disconnect == "cancel" else None)
+
+
+async def wait_run(request: Request) -> Response:
+    body = await read_body(request, RunCreate)
+    rt = runtime_of(request)
+    thread_id = request.path_params.get("thread_id")
+    run = await rt.runs.create(thread_id, body.assistant_id, **_run_options(body))
+    url = f"/threads/{run['thread_id']}/runs/{run['run_id']}"
+    return StreamingBody(
+        _output(rt, run["run_id"]), media_type="application/json", heartbeat=request.app.state.heartbeat,
+        headers={"location": f"{url}/join", "content-location": url},
+        on_disconnect=_canceller(rt, run["thread_id"], run["run_id"]) if body.on_disconnect == "cancel" else None)
+
+
+async def list_runs(request: Request) -> Response:
+    runs = await runtime_of(request).runs.list(
+        request.path_params["thread_id"], limit=query_int(request, "limit", 10, minimum=1),
+        offset=query_int(request, "offset", 0), status=request.query_params.get("status") or None)
+    return JSONResponse(runs)
+
+
+async def get_run(request: Request) -> Response:
+    return JSONResponse(await runtime_of(request).runs.get(request.path_params["thread_id"],
+                                                           request.path_params["run_id"]))
+
+
+async def delete_run(request: Request) -> Response:
+    await runtime_of(request).runs.delete(request.path_params["thread_id"], request.path_params["run_id"])
+    return Response(status_code=204)
+
+
+async def join_run(request: Request) -> Response:
+    rt = runtime_of(request)
+    thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
+    run = await rt.runs.get(thread_id, run_id)
+    url = f"/threads/{thread_id}/runs/{run_id}"
+    return StreamingBody(
+        _output(rt, run_id), media_type="application/json", heartbeat=request.app.state.heartbeat,
+        headers={"location": f"{url}/join", "content-location": url},
+        on_disconnect=_canceller(rt, run["thread_id"], run["run_id"]) if query_bool(request, "cancel_on_disconnect") else None)
+
+
+async def join_run_stream(request: Request) -> Response:
+    rt = runtime_of(request)
+    thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
+    run = await rt.runs.get(thread_id, run_id)
+    modes = _stream_modes(request.query_params.get("stream_mode"))
+    last_event_id = request.headers.get("last-event-id") or None
+    parts = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id)
+    url = f"/threads/{thread_id}/runs/{run_id}"
+    return StreamingBody(
+        _events(parts, with_id=bool(run["kwargs"].get("stream_resumable"))), media_type="text/event-stream",
+        heartbeat=request.app.state.heartbeat, headers={"location": f"{url}/stream", "content-location": url},
+        on_disconnect=_canceller(rt, run["thread_id"], run["run_id"]) if query_bool(request, "cancel_on_disconnect") else None)
+
+
+async def cancel_run(request: Request) -> Response:
+    rt = runtime_of(request)
+    thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
+    action = request.query_params.get("action") or "interrupt"
+    await rt.runs.cancel(thread_id, run_id, action=action)
+    if not query_bool(request, "wait"):
+        return Response(status_code=202)
+    url = f"/threads/{thread_id}/runs/{run_id}"
+    return StreamingBody(_output(rt, run_id), media_type="application/json", heartbeat=request.app.state.heartbeat,
+                         headers={"location": f"{url}/join", "content-location": url})
+
+
+# -- bodies ------------------------------------------------------------------------
+
+
+async def _events(parts: AsyncIterator[StreamPart], *, with_id: bool,
+                  first: StreamPart | None = None) -> AsyncIterator[bytes]:
+    """A run's stream parts as SSE; a failure of the stream itself ends it with an ``error`` event."""
+    if first is not None:
+        yield encode_event(first, with_id=False)
+    try:
+        async for part in parts:
+            yield encode_event(part, with_id=with_id)
+    except BackchannelError as exc:
+        yield encode_event(StreamPart("error", {"error": type(exc).__name__, "message": str(exc)}), with_id=False)
+    except Exception:
+        logger.exception("a run stream failed")
+        yield encode_event(StreamPart("error", {"error": "InternalServerError",
+                                                "message": "the stream failed; see the server log"}), with_id=False)
+
+
+async def _output(rt: Any, run_id: str) -> AsyncIterator[bytes]:
+    """The run's output once it has ended (``__error__`` for a failed run), as one JSON document."""
+    try:
+        output = await rt.runs.output(run_id)
+    except NotFoundError:  # rolled back while we waited
+        output = {"__error__": {"error": "NotFoundError", "message": f"run {run_id} was deleted (rolled back)"}}
+    yield render_json(output)
+
+
+def _canceller(rt: Any, thread_id: str | None, run_id: str) -> Callable[[], Awaitable[None]]:
+    """Cancels the run when its client goes away (``on_disconnect="cancel"``)."""
+    async def cancel() -> None:
+        with contextlib.suppress(BackchannelError):  # it may have ended meanwhile
+            row = await rt.storage.get_run(run_id)
+            if row is not None:
+                await rt.runs.cancel(thread_id or row.thread_id, run_id)
+
+    return cancel
+
+
+def _stream_modes(raw: str | None) -> list[str] | None:
+    """``stream_mode`` as the SDK sends it in a query: one mode, or a JSON list."""
+    if not raw:
+        return None
+    if raw.startswith("["):
+        import orjson
+
+        try:
+            modes = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            modes = None
+        if isinstance(modes, list) and all(isinstance(m, str) for m in modes):
+            return modes
+    return [raw]
+
+
+_RUN = {200: "The run", 404: "Thread or assistant not found", 409: "The thread is busy (multitask_strategy=reject)",
+        422: "Invalid request"}
+_STREAM = {200: "Server-sent events: metadata first, then the run's parts", 404: "Thread or assistant not found",
+           409: "The thread is busy", 422: "Invalid request"}
+_OUTPUT = {200: "The run's final values (with __error__ or __interrupt__)", 404: "Not found", 422: "Invalid request"}
+_STREAM_QUERY = {"stream_mode": Query(description="A stream mode, or a JSON list of them"),
+                 "cancel_on_disconnect": Query("boolean", "Cancel the run if the client disconnects")}
+
+ENDPOINTS = [
+    Endpoint("POST", "/threads/{thread_id}/runs", create_run, "Create a background run", RunCreate, responses=_RUN),
+    Endpoint("GET", "/threads/{thread_id}/runs", list_runs, "List a thread's runs, newest first", query={
+        "limit": Query("integer"), "offset": Query("integer"), "status": Query()},
+        responses={200: "Runs", 404: "Thread not found", 422: "Invalid query"}),
+    Endpoint("POST", "/threads/{thread_id}/runs/stream", stream_run, "Create a run and stream it", RunCreate,
+             responses=_STREAM, media_type="text/event-stream"),
+    Endpoint("POST", "/threads/{thread_id}/runs/wait", wait_run, "Create a run and wait for its output", RunCreate,
+             responses=_OUTPUT),
+    Endpoint("GET", "/threads/{thread_id}/runs/{run_id}", get_run, "Get a run",
+             responses={200: "The run", 404: "Not found"}),
+    Endpoint("DELETE", "/threads/{thread_id}/runs/{run_id}", delete_run, "Delete a run",
+             responses={204: "Deleted", 404: "Not found"}),
+    Endpoint("GET", "/threads/{thread_id}/runs/{run_id}/join", join_run, "Wait for a run's output",
+             query={"cancel_on_disconnect": _STREAM_QUERY["cancel_on_disconnect"]}, responses=_OUTPUT),
+    Endpoint("GET", "/threads/{thread_id}/runs/{run_id}/stream", join_run_stream, "Follow a run's stream",
+             query=_STREAM_QUERY, responses={200: "Server-sent events", 404: "Not found"},
+             media_type="text/event-stream"),
+    Endpoint("POST", "/threads/{thread_id}/runs/{run_id}/cancel", cancel_run, "Cancel a run", query={
+        "wait": Query("boolean", "Wait for the run to end and return its output"),
+        "action": Query(description="interrupt (keep its steps) or rollback (delete the run)")},
+        responses={202: "Cancelling", 200: "The run's output (with wait)", 404: "No such active run",
+                   422: "Invalid action"}),
+    Endpoint("POST", "/runs", create_run, "Create a stateless background run", RunCreate, responses=_RUN),
+    Endpoint("POST", "/runs/stream", stream_run, "Create a stateless run and stream it", RunCreate,
+             responses=_STREAM, media_type="text/event-stream"),
+    Endpoint("POST", "/runs/wait", wait_run, "Create a stateless run and wait for its output", RunCreate,
+             responses=_OUTPUT),
+]

@@ -1,0 +1,152 @@
+"""Request bodies the server accepts, as pydantic models.
+
+They validate each request (a bad body is a 422 that names the field) and
+describe it in ``/openapi.json``. Field names and allowed values follow the
+LangGraph API, so ``langgraph_sdk`` clients send exactly these. Unknown fields
+are ignored, as newer clients send options this server does not use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "AssistantSearch", "CheckpointConfig", "Command", "HistorySearch", "RunCreate", "RunsCancel", "StateCheckpoint",
+    "StateUpdate", "StoreDelete", "StoreNamespaces", "StorePut", "StoreSearch", "ThreadCount", "ThreadCreate",
+    "ThreadPatch", "ThreadSearch",
+]
+
+StreamMode = Literal["values", "updates", "messages", "messages-tuple", "custom", "events", "debug", "tasks",
+                     "checkpoints", "lifecycle", "tools", "async_tasks"]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class CheckpointConfig(Body):
+    thread_id: str | None = None
+    checkpoint_ns: str | None = None
+    checkpoint_id: str | None = None
+    checkpoint_map: dict[str, Any] | None = None
+
+
+class Command(Body):
+    update: dict[str, Any] | list[Any] | None = None
+    resume: Any = None
+    goto: str | None = None
+
+
+class RunCreate(Body):
+    """A run: stateful (on a thread) or stateless, created, streamed or waited for."""
+
+    assistant_id: str = Field(min_length=1)
+    input: dict[str, Any] | list[Any] | str | int | float | bool | None = None
+    command: Command | None = None
+    metadata: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    checkpoint: CheckpointConfig | None = None
+    checkpoint_id: str | None = None
+    stream_mode: StreamMode | list[StreamMode] = "values"
+    stream_subgraphs: bool = False
+    stream_resumable: bool = False
+    multitask_strategy: Literal["reject", "interrupt", "rollback", "enqueue"] | None = None
+    if_not_exists: Literal["reject", "create"] | None = None
+    on_completion: Literal["delete", "keep"] | None = None
+    on_disconnect: Literal["cancel", "continue"] = "continue"
+    after_seconds: float | None = Field(default=None, ge=0)
+    webhook: str | None = Field(default=None, min_length=1, max_length=65536)
+    interrupt_before: Literal["*"] | list[str] | None = None
+    interrupt_after: Literal["*"] | list[str] | None = None
+
+
+class RunsCancel(Body):
+    thread_id: str | None = None
+    run_ids: list[str] | None = None
+    status: Literal["pending", "running", "all"] | None = None
+
+
+class ThreadCreate(Body):
+    thread_id: str | None = Field(default=None, min_length=1)
+    metadata: dict[str, Any] | None = None
+    if_exists: Literal["raise", "do_nothing"] | None = None
+    graph_id: str | None = None
+
+
+class ThreadPatch(Body):
+    metadata: dict[str, Any]
+
+
+class ThreadSearch(Body):
+    ids: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    values: dict[str, Any] | None = None
+    status: Literal["idle", "busy", "interrupted", "error"] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+    sort_by: Literal["thread_id", "status", "created_at", "updated_at"] | None = None
+    sort_order: Literal["asc", "desc"] | None = None
+
+
+class ThreadCount(Body):
+    metadata: dict[str, Any] | None = None
+    status: Literal["idle", "busy", "interrupted", "error"] | None = None
+
+
+class StateUpdate(Body):
+    values: dict[str, Any] | list[Any] | None = None
+    as_node: str | None = None
+    checkpoint: CheckpointConfig | None = None
+    checkpoint_id: str | None = None
+
+
+class StateCheckpoint(Body):
+    checkpoint: CheckpointConfig
+    subgraphs: bool = False
+
+
+class HistorySearch(Body):
+    limit: int = Field(default=10, ge=1, le=1000)
+    before: CheckpointConfig | str | None = None
+    metadata: dict[str, Any] | None = None
+    checkpoint: CheckpointConfig | None = None
+
+
+class AssistantSearch(Body):
+    metadata: dict[str, Any] | None = None
+    graph_id: str | None = None
+    name: str | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+
+
+class StorePut(Body):
+    namespace: list[str] = Field(min_length=1)
+    key: str = Field(min_length=1)
+    value: dict[str, Any]
+    index: bool | list[str] | None = None
+    ttl: float | None = None
+
+
+class StoreDelete(Body):
+    namespace: list[str] = Field(min_length=1)
+    key: str = Field(min_length=1)
+
+
+class StoreSearch(Body):
+    namespace_prefix: list[str] | None = None
+    filter: dict[str, Any] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+    query: str | None = None
+
+
+class StoreNamespaces(Body):
+    prefix: list[str] | None = None
+    suffix: list[str] | None = None
+    max_depth: int | None = Field(default=None, ge=1)
+    limit: int = Field(default=100, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)

@@ -1,0 +1,95 @@
+"""Running the server: ``serve(...)`` behind ``backchannel serve``, and finding the agents to serve."""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from backchannel.agent import Agent
+
+__all__ = ["DEFAULT_PORT", "import_agents", "is_loopback", "serve", "served"]
+
+DEFAULT_PORT = 8123  # where langgraph_sdk clients look when given no URL
+
+
+def import_agents(specs: Sequence[str]) -> dict[str, Agent]:
+    """Agents named by ``[graph_id=]module:attribute`` specs (the attribute: an agent, or a dict of them).
+
+    Without ``graph_id=``, an agent is served under its name, else the attribute's.
+    """
+    found: dict[str, Agent] = {}
+    for spec in specs:
+        graph_id, _, target = spec.rpartition("=")
+        module_name, _, attribute = target.partition(":")
+        if not module_name or not attribute:
+            raise ValueError(f"--agents {spec!r}: expected [graph_id=]module:attribute, e.g. myapp.agents:supervisor")
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # like uvicorn: modules next to where the command runs
+        try:
+            value: Any = importlib.import_module(module_name)
+            for name in attribute.split("."):
+                value = getattr(value, name)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"--agents {spec!r}: cannot load {target}: {exc}") from exc
+        if isinstance(value, Mapping):
+            found.update(_checked(spec, str(k), v) for k, v in value.items())
+        else:
+            found.update([_checked(spec, graph_id or value.name or attribute.rsplit(".", 1)[-1], value)])
+    return found
+
+
+def _checked(spec: str, graph_id: str, value: Any) -> tuple[str, Agent]:
+    if not isinstance(value, Agent):
+        raise ValueError(f"--agents {spec!r}: {graph_id!r} is a {type(value).__name__}, not an agent "
+                         "(build one with create_agent or create_deep_agent)")
+    return graph_id, value
+
+
+def served(agent: Agent) -> Agent:
+    """``agent`` as a server runs it: able to report back to a supervisor on another server.
+
+    A run started as a background task of a remote supervisor carries its parent
+    context in its input; the completion notifier (a no-op without one) sends the
+    result back. It is added unless the agent has one.
+    """
+    from backchannel.notifier import CompletionNotifier
+
+    if any(isinstance(mw, CompletionNotifier) for mw in agent.middleware):
+        return agent
+    return agent.copy(middleware=[*agent.middleware, CompletionNotifier()])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          database: str | None = None, api_key: str | None = None, public_url: str | None = None,
+          grace: float = 10.0, log_level: str = "info") -> None:
+    """Serve ``agents`` over HTTP until SIGINT or SIGTERM (then: no new runs, ``grace`` seconds for running ones).
+
+    ``database`` is the runtime's store URL (SQLite by default). ``public_url`` is
+    where other servers reach this one (default ``http://host:port``); background
+    tasks on other servers report back there.
+    """
+    import uvicorn
+
+    from backchannel.runtime import DEFAULT_STORE, LocalRuntime
+    from backchannel.server.app import create_app
+
+    url = public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    runtime = LocalRuntime(database or DEFAULT_STORE, {graph_id: served(a) for graph_id, a in agents.items()},
+                           public_url=url)
+    app = create_app(runtime, api_key=api_key, grace=grace)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(grace) or None,
+                access_log=False)

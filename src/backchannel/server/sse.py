@@ -1,0 +1,121 @@
+"""Long responses: server-sent events, and JSON bodies that take a while, both with heartbeats.
+
+The SSE framing is LangGraph's: ``event: <mode>[|<namespace>]``, ``data:
+<json>``, an ``id:`` for resumable runs, ``\\r\\n`` line ends. While nothing
+happens a heartbeat keeps proxies from closing the connection: an SSE
+comment, or for a JSON body a newline (leading whitespace is valid JSON).
+The response watches for the client going away, so a stream created with
+``on_disconnect="cancel"`` cancels its run at once, not at the next write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from backchannel.runtime.modes import StreamPart
+
+__all__ = ["SSE_HEARTBEAT", "StreamingBody", "encode_event"]
+
+SSE_HEARTBEAT = b": heartbeat\r\n\r\n"
+JSON_HEARTBEAT = b"\n"
+
+
+def encode_event(part: StreamPart, *, with_id: bool) -> bytes:
+    """One stream part as an SSE event."""
+    event = part.event.replace("\r", "").replace("\n", "").encode()
+    data = orjson.dumps(part.data, option=orjson.OPT_NON_STR_KEYS)
+    if with_id and part.id is not None:
+        return b"event: %b\r\ndata: %b\r\nid: %b\r\n\r\n" % (event, data, part.id.encode())
+    return b"event: %b\r\ndata: %b\r\n\r\n" % (event, data)
+
+
+class StreamingBody:
+    """An ASGI response sending ``chunks`` as they come, with heartbeats while they don't.
+
+    ``on_disconnect`` runs if the client goes away before the last chunk.
+    """
+
+    def __init__(self, chunks: AsyncIterator[bytes], *, media_type: str, heartbeat: float,
+                 headers: Mapping[str, str] | None = None,
+                 on_disconnect: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.chunks = chunks
+        self.heartbeat = JSON_HEARTBEAT if media_type == "application/json" else SSE_HEARTBEAT
+        self.interval = heartbeat
+        self.on_disconnect = on_disconnect
+        raw = {"content-type": media_type, "cache-control": "no-store", **(headers or {})}
+        if media_type == "text/event-stream":
+            raw["x-accel-buffering"] = "no"  # nginx would otherwise hold events back
+        self.raw_headers = [(k.lower().encode(), v.encode()) for k, v in raw.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        sending = asyncio.ensure_future(self._send_all(send))
+        watching = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({sending, watching}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server is stopping: the run carries on or resumes later
+            await _cancel(sending, watching)
+            raise
+        if not sending.done():  # the client went away
+            await _cancel(sending, watching)
+            if self.on_disconnect is not None:
+                await self.on_disconnect()
+            return
+        await _cancel(watching)
+        exc = sending.exception()
+        if exc is not None and not isinstance(exc, OSError):
+            raise exc
+
+    async def _send_all(self, send: Send) -> None:
+        chunks = self.chunks
+        try:
+            async for chunk in _with_heartbeats(chunks, self.interval, self.heartbeat):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _with_heartbeats(chunks: AsyncIterator[bytes], interval: float, beat: bytes) -> AsyncIterator[bytes]:
+    """``chunks``, with ``beat`` whenever ``interval`` seconds pass without one."""
+    iterator = chunks.__aiter__()
+    pending: asyncio.Future[Any] = asyncio.ensure_future(iterator.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield beat
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+            pending = asyncio.ensure_future(iterator.__anext__())
+    finally:
+        if not pending.done():
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+
+
+async def _cancel(*tasks: asyncio.Future[Any]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,117 @@
+"""``/threads/...``: conversations, their state and history."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from backchannel.server.routing import Endpoint, JSONResponse, Query, dump, query_int, read_body, runtime_of
+from backchannel.server.schemas import (
+    HistorySearch,
+    StateCheckpoint,
+    StateUpdate,
+    ThreadCount,
+    ThreadCreate,
+    ThreadPatch,
+    ThreadSearch,
+)
+
+__all__ = ["ENDPOINTS"]
+
+
+async def create_thread(request: Request) -> Response:
+    body = await read_body(request, ThreadCreate)
+    return JSONResponse(await runtime_of(request).threads.create(**dump(body)))
+
+
+async def search_threads(request: Request) -> Response:
+    body = await read_body(request, ThreadSearch)
+    return JSONResponse(await runtime_of(request).threads.search(**dump(body)))
+
+
+async def count_threads(request: Request) -> Response:
+    body = await read_body(request, ThreadCount)
+    return JSONResponse(await runtime_of(request).threads.count(**dump(body)))
+
+
+async def get_thread(request: Request) -> Response:
+    return JSONResponse(await runtime_of(request).threads.get(request.path_params["thread_id"]))
+
+
+async def patch_thread(request: Request) -> Response:
+    body = await read_body(request, ThreadPatch)
+    return JSONResponse(await runtime_of(request).threads.update(request.path_params["thread_id"],
+                                                                 metadata=body.metadata))
+
+
+async def delete_thread(request: Request) -> Response:
+    await runtime_of(request).threads.delete(request.path_params["thread_id"])
+    return Response(status_code=204)
+
+
+async def copy_thread(request: Request) -> Response:
+    return JSONResponse(await runtime_of(request).threads.copy(request.path_params["thread_id"]))
+
+
+async def get_state(request: Request) -> Response:
+    thread_id = request.path_params["thread_id"]
+    checkpoint_id = request.path_params.get("checkpoint_id")
+    return JSONResponse(await runtime_of(request).threads.get_state(thread_id, checkpoint_id=checkpoint_id))
+
+
+async def get_state_at_checkpoint(request: Request) -> Response:
+    body = await read_body(request, StateCheckpoint)
+    return JSONResponse(await runtime_of(request).threads.get_state(request.path_params["thread_id"],
+                                                                    checkpoint=dump(body.checkpoint)))
+
+
+async def update_state(request: Request) -> Response:
+    body = await read_body(request, StateUpdate)
+    return JSONResponse(await runtime_of(request).threads.update_state(
+        request.path_params["thread_id"], body.values, **dump(body, exclude=("values",))))
+
+
+async def get_history(request: Request) -> Response:
+    return JSONResponse(await runtime_of(request).threads.get_history(
+        request.path_params["thread_id"], limit=query_int(request, "limit", 10, minimum=1),
+        before=request.query_params.get("before") or None))
+
+
+async def search_history(request: Request) -> Response:
+    body = await read_body(request, HistorySearch)
+    return JSONResponse(await runtime_of(request).threads.get_history(request.path_params["thread_id"],
+                                                                      **dump(body, exclude=("checkpoint",))))
+
+
+_THREAD = {200: "The thread", 404: "Thread not found"}
+_STATE = {200: "The thread's state", 404: "Thread or checkpoint not found"}
+
+ENDPOINTS = [
+    Endpoint("POST", "/threads", create_thread, "Create a thread", ThreadCreate,
+             responses={200: "The new thread", 409: "A thread with this id exists", 422: "Invalid request"}),
+    Endpoint("POST", "/threads/search", search_threads, "Search threads", ThreadSearch,
+             responses={200: "Threads", 422: "Invalid request"}),
+    Endpoint("POST", "/threads/count", count_threads, "Count threads", ThreadCount,
+             responses={200: "The number of threads", 422: "Invalid request"}),
+    Endpoint("GET", "/threads/{thread_id}", get_thread, "Get a thread", responses=_THREAD),
+    Endpoint("PATCH", "/threads/{thread_id}", patch_thread, "Update a thread's metadata", ThreadPatch,
+             responses={**_THREAD, 422: "Invalid request"}),
+    Endpoint("DELETE", "/threads/{thread_id}", delete_thread, "Delete a thread with its runs and checkpoints",
+             responses={204: "Deleted", 404: "Thread not found"}),
+    Endpoint("POST", "/threads/{thread_id}/copy", copy_thread, "Copy a thread with its history",
+             responses=_THREAD),
+    Endpoint("GET", "/threads/{thread_id}/state", get_state, "Get a thread's latest state", responses=_STATE),
+    Endpoint("POST", "/threads/{thread_id}/state", update_state, "Update a thread's state", StateUpdate,
+             responses={200: "The new checkpoint", 404: "Thread not found", 409: "The thread has active runs",
+                        422: "Invalid request"}),
+    Endpoint("GET", "/threads/{thread_id}/state/{checkpoint_id}", get_state, "Get a thread's state at a checkpoint",
+             responses=_STATE),
+    Endpoint("POST", "/threads/{thread_id}/state/checkpoint", get_state_at_checkpoint,
+             "Get a thread's state at a checkpoint", StateCheckpoint, responses={**_STATE, 422: "Invalid request"}),
+    Endpoint("GET", "/threads/{thread_id}/history", get_history, "A thread's checkpoints, newest first",
+             query={"limit": Query("integer"), "before": Query(description="A checkpoint id")},
+             responses={200: "States", 404: "Thread or checkpoint not found", 422: "Invalid query"}),
+    Endpoint("POST", "/threads/{thread_id}/history", search_history, "A thread's checkpoints, newest first",
+             HistorySearch, responses={200: "States", 404: "Thread or checkpoint not found",
+                                       422: "Invalid request"}),
+]
