@@ -21,17 +21,19 @@ notification and goes back to the model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypedDict
 
 from backchannel.context import RunContext
+from backchannel.errors import BackchannelError, NotFoundError, RemoteError
 from backchannel.events import Event
 from backchannel.hitl import is_review_request
 from backchannel.messages import AIMessage, HumanMessage, text_of
 from backchannel.middleware import Middleware
-from backchannel.notifier import CompletionNotifier, describe_question
+from backchannel.notifier import CompletionNotifier, describe_question, notification_message
 from backchannel.runtime.storage import now_iso
 from backchannel.subagents import Delegates, SubAgent
 from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime
@@ -65,6 +67,47 @@ async def task_status(runtime: Any, task: Mapping[str, Any]) -> str:
     return "waiting" if thread["status"] == "interrupted" and thread["interrupts"] else "cancelled"
 
 
+_DETAIL_KEYS = {"success": "result", "waiting": "question", "error": "error", "timeout": "error"}
+
+
+async def task_outcome(runtime: Any, task: Mapping[str, Any]) -> tuple[str, str | None]:
+    """A task's status and what there is to say about it: its result, its question, or that it failed."""
+    status = await task_status(runtime, task)
+    if status == "success":
+        state = await runtime.threads.get_state(task["task_id"])
+        answers = [m for m in state["values"].get("messages", []) if m["type"] == "ai"]
+        return status, text_of(answers[-1]["content"]) if answers else ""
+    if status == "waiting":
+        thread = await runtime.threads.get(task["task_id"])
+        return status, describe_question([i["value"] for v in thread["interrupts"].values() for i in v])
+    if status in ("error", "timeout"):
+        return status, "the task timed out" if status == "timeout" else "the task failed before it finished"
+    return status, None
+
+
+async def watch_remote_run(rt: Any, home: Any, subagent: str, task_id: str, run_id: str, parent_thread_id: str,
+                           parent_assistant_id: str | None, *, done: Callable[[], None]) -> None:
+    """Wait for a task's run on another server to end, then notify its supervisor on ``rt`` (once per run)."""
+    delay = 0.5
+    try:
+        while True:
+            try:
+                await home.runs.join(task_id, run_id)
+                status, detail = await task_outcome(home, {"task_id": task_id, "run_id": run_id})
+                break
+            except RemoteError:  # the server is away: wait for it
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            except NotFoundError:
+                return  # the task's thread or run is gone
+        if detail is None:
+            return  # cancelled: nothing to report
+        message = notification_message(task_id, subagent, status, detail, run_id)
+        await rt.deliver(parent_thread_id, message, key=f"{task_id}:{run_id}", assistant_id=parent_assistant_id)
+    finally:
+        done()
+
+
 class AsyncSubAgentMiddleware(Middleware):
     """Adds the background-task tools for ``subagents`` and keeps their status in the state."""
 
@@ -78,6 +121,8 @@ class AsyncSubAgentMiddleware(Middleware):
                                    extra_middleware=lambda: [CompletionNotifier()])
         self.completion = completion
         self.max_concurrent = max_concurrent
+        self._remotes: dict[str, Any] = {}  # RemoteRuntime per remote subagent
+        self._watched: set[str] = set()  # remote task runs watched from this process
         self.tools = [
             Tool(self.start_async_task, name="start_async_task", description=(
                 "Start a subagent on a task in the background and return its task_id at once. Keep working or "
@@ -105,17 +150,19 @@ class AsyncSubAgentMiddleware(Middleware):
         """
         ctx, rt = _runtime_of(runtime)
         spec = self.delegates.spec(subagent_type)
-        if spec.url is not None:
-            raise ToolError(f"subagent {spec.name!r} is served at {spec.url}; remote subagents are not "
-                            "available in this version")
+        home = self._home(rt, spec.name)
         task_id = str(uuid.uuid4())  # the id of the task's thread, created with its first run
-        run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id, if_not_exists="create", metadata={
-            "parent_thread_id": ctx.thread_id, "subagent": spec.name, "tool_call_id": runtime.tool_call_id,
-        }, input={"messages": [HumanMessage(description)], "task_id": task_id, "parent_thread_id": ctx.thread_id,
-                  "parent_assistant_id": ctx.metadata.get("graph_id")})
+        with _remote_errors(spec, "start"):
+            run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id, if_not_exists="create",
+                                        metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
+                                                  "tool_call_id": runtime.tool_call_id},
+                                        input={"messages": [HumanMessage(description)],
+                                               **self._parent_context(rt, ctx, spec, task_id)})
         now = now_iso()
         task = {"task_id": task_id, "subagent": spec.name, "description": description, "status": "pending",
                 "run_id": run["run_id"], "tool_call_id": runtime.tool_call_id, "created_at": now, "updated_at": now}
+        if spec.url is not None:
+            task["url"] = spec.url
         ctx.emit("task", {**task})
         return ToolResult(f"Started task {task_id} ({spec.name}) in the background. Its result will arrive as a "
                           "message; keep working or answer the user meanwhile.", update={"async_tasks": {task_id: task}})
@@ -128,17 +175,12 @@ class AsyncSubAgentMiddleware(Middleware):
         """
         ctx, rt = _runtime_of(runtime)
         task = _tracked(runtime, task_id)
-        status = await task_status(rt, task)
+        home = self._home(rt, task["subagent"])
+        with _remote_errors(self.delegates.spec(task["subagent"]), "check"):
+            status, detail = await task_outcome(home, task)
         report: dict[str, Any] = {"task_id": task_id, "subagent": task["subagent"], "status": status}
-        if status == "success":
-            state = await rt.threads.get_state(task_id)
-            answers = [m for m in state["values"].get("messages", []) if m["type"] == "ai"]
-            report["result"] = text_of(answers[-1]["content"]) if answers else ""
-        elif status == "waiting":
-            thread = await rt.threads.get(task_id)
-            report["question"] = describe_question([i["value"] for v in thread["interrupts"].values() for i in v])
-        elif status in ("error", "timeout"):
-            report["error"] = "the task timed out" if status == "timeout" else "the task failed before it finished"
+        if detail is not None:
+            report[_DETAIL_KEYS[status]] = detail
         return self._report(ctx, task, status, json.dumps(report, ensure_ascii=False))
 
     async def update_async_task(self, task_id: str, message: str, runtime: ToolRuntime) -> ToolResult:
@@ -153,16 +195,18 @@ class AsyncSubAgentMiddleware(Middleware):
         ctx, rt = _runtime_of(runtime)
         task = _tracked(runtime, task_id)
         spec = self.delegates.spec(task["subagent"])
-        status = await task_status(rt, task)
-        if status == "waiting":
-            thread = await rt.threads.get(task_id)
-            pending = [i["value"] for v in thread["interrupts"].values() for i in v]
-            run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id,
-                                        command={"resume": resume_value(message, pending)})
-        else:
-            strategy = "interrupt" if status in _ACTIVE else "enqueue"
-            run = await self._start_run(rt, ctx, spec, task_id, runtime.tool_call_id,
-                                        input={"messages": [HumanMessage(message)]}, multitask_strategy=strategy)
+        home = self._home(rt, spec.name)
+        with _remote_errors(spec, "update"):
+            status = await task_status(home, task)
+            if status == "waiting":
+                thread = await home.threads.get(task_id)
+                pending = [i["value"] for v in thread["interrupts"].values() for i in v]
+                run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id,
+                                            command={"resume": resume_value(message, pending)})
+            else:
+                strategy = "interrupt" if status in _ACTIVE else "enqueue"
+                run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id,
+                                            input={"messages": [HumanMessage(message)]}, multitask_strategy=strategy)
         task = {**task, "run_id": run["run_id"]}
         return self._report(ctx, task, "pending", f"Sent to task {task_id}; it is working on it again.")
 
@@ -174,10 +218,12 @@ class AsyncSubAgentMiddleware(Middleware):
         """
         ctx, rt = _runtime_of(runtime)
         task = _tracked(runtime, task_id)
-        status = await task_status(rt, task)
-        if status in _ACTIVE:
-            await rt.runs.cancel(task_id, task["run_id"], wait=True)
-            status = "cancelled"
+        home = self._home(rt, task["subagent"])
+        with _remote_errors(self.delegates.spec(task["subagent"]), "cancel"):
+            status = await task_status(home, task)
+            if status in _ACTIVE:
+                await home.runs.cancel(task_id, task["run_id"], wait=True)
+                status = "cancelled"
         return self._report(ctx, task, status, f"Task {task_id} is {status}.")
 
     async def list_async_tasks(self, runtime: ToolRuntime, status_filter: str = "all") -> ToolResult:
@@ -192,13 +238,26 @@ class AsyncSubAgentMiddleware(Middleware):
         tasks = runtime.state.get("async_tasks") or {}
         updates, lines = {}, []
         for task in tasks.values():
-            status = await task_status(rt, task)
+            try:
+                status = await task_status(self._home(rt, task["subagent"]), task)
+            except RemoteError:  # its server is unreachable: say so, keep listing the others
+                status = "unknown"
             updates[task["task_id"]] = {"status": status, "updated_at": now_iso()}
             if status_filter in ("all", status):
                 lines.append(f"- {task['task_id']} [{task['subagent']}] {status}: {task['description'][:80]}")
         return ToolResult("\n".join(lines) or "No tasks.", update={"async_tasks": updates})
 
     # -- hooks ---------------------------------------------------------------
+
+    async def before_agent(self, state: Mapping[str, Any], ctx: RunContext) -> dict[str, Any] | None:
+        """Watch remote tasks again after a restart, if their servers cannot report back here."""
+        if ctx.runtime is not None and ctx.runtime.public_url is None:
+            for task in (state.get("async_tasks") or {}).values():
+                if task.get("url") and task.get("status") in _ACTIVE and task["subagent"] in self.delegates.specs:
+                    spec = self.delegates.spec(task["subagent"])
+                    self._watch(ctx.runtime, self._home(ctx.runtime, spec.name), spec, task["task_id"],
+                                task["run_id"], ctx)
+        return None
 
     async def before_model(self, state: Mapping[str, Any], ctx: RunContext) -> dict[str, Any] | None:
         """Record the status carried by notifications that just arrived."""
@@ -224,21 +283,70 @@ class AsyncSubAgentMiddleware(Middleware):
                 return {"jump_to": "model"}
             except TimeoutError:
                 # A task may have ended without a notification (cancelled from elsewhere).
-                pending = [t for t in pending if await task_status(ctx.runtime, t) in _ACTIVE]
+                pending = [t for t in pending if await self._still_active(ctx.runtime, t)]
         return None
 
     # -- helpers ---------------------------------------------------------------
 
-    async def _start_run(self, rt: Any, ctx: RunContext, spec: SubAgent, task_id: str, tool_call_id: str,
+    async def _start_run(self, home: Any, ctx: RunContext, spec: SubAgent, task_id: str, tool_call_id: str,
                          **kwargs: Any) -> dict[str, Any]:
-        """A run of the subagent on its task thread, its events shown in the supervisor's stream."""
-        graph_id = rt.graph_id_for_agent(self.delegates.agent(spec))
-        run = await rt.runs.create(task_id, graph_id, timeout=spec.timeout, concurrency_key=f"tasks:{ctx.thread_id}",
-                                   concurrency_limit=self.max_concurrent, **kwargs)
-        stream = rt.stream_of(run["run_id"])
+        """A run of the subagent on its task thread, its events shown in the supervisor's stream.
+
+        On a remote subagent's server the run is that server's to schedule and stream; unless
+        the subagent can report back to this runtime's URL, it is watched from here.
+        """
+        if spec.url is not None:
+            run = await home.runs.create(task_id, spec.graph_id or spec.name, **kwargs)
+            if ctx.runtime.public_url is None:
+                self._watch(ctx.runtime, home, spec, task_id, run["run_id"], ctx)
+            return run
+        graph_id = home.graph_id_for_agent(self.delegates.agent(spec))
+        run = await home.runs.create(task_id, graph_id, timeout=spec.timeout,
+                                     concurrency_key=f"tasks:{ctx.thread_id}", concurrency_limit=self.max_concurrent,
+                                     **kwargs)
+        stream = home.stream_of(run["run_id"])
         if stream is not None and ctx.bus is not None and ctx.bus.listeners:
             forward_events(stream.bus, ctx, f"{spec.name}:{tool_call_id}", tool_call_id)
         return run
+
+    def _home(self, rt: Any, subagent: str) -> Any:
+        """The runtime a subagent's tasks run on: this one, or its own server's."""
+        spec = self.delegates.spec(subagent)
+        if spec.url is None:
+            return rt
+        if spec.name not in self._remotes:
+            from backchannel.runtime.remote import RemoteRuntime
+
+            self._remotes[spec.name] = RemoteRuntime(spec.url, headers=spec.headers)
+        return self._remotes[spec.name]
+
+    @staticmethod
+    def _parent_context(rt: Any, ctx: RunContext, spec: SubAgent, task_id: str) -> dict[str, Any]:
+        """What the task's input says about its supervisor, so its notifier can report back.
+
+        A remote task gets it only if this runtime has a URL to call back; otherwise it is watched.
+        """
+        if spec.url is not None and rt.public_url is None:
+            return {"task_id": task_id}
+        context = {"task_id": task_id, "parent_thread_id": ctx.thread_id,
+                   "parent_assistant_id": ctx.metadata.get("graph_id")}
+        if spec.url is not None:
+            context["parent_url"] = rt.public_url
+        return context
+
+    def _watch(self, rt: Any, home: Any, spec: SubAgent, task_id: str, run_id: str, ctx: RunContext) -> None:
+        """Notify the supervisor when a remote run ends (for a runtime that other servers cannot call)."""
+        key = f"{task_id}:{run_id}"
+        if key not in self._watched:
+            self._watched.add(key)
+            rt.spawn(watch_remote_run(rt, home, spec.name, task_id, run_id, ctx.thread_id,
+                                      ctx.metadata.get("graph_id"), done=lambda: self._watched.discard(key)))
+
+    async def _still_active(self, rt: Any, task: Mapping[str, Any]) -> bool:
+        try:
+            return await task_status(self._home(rt, task["subagent"]), task) in _ACTIVE
+        except RemoteError:
+            return True  # unreachable for now: keep waiting for it
 
     def runtime_agents(self) -> list[Any]:
         """The agents whose runs this middleware starts on the runtime (registered with the supervisor)."""
@@ -269,6 +377,18 @@ def resume_value(message: str, pending: Sequence[Any]) -> Any:
             return {"decisions": [{"type": "approve"}] * count}
         return {"decisions": [{"type": "reject", "message": message}] * count}
     return message
+
+
+@contextlib.contextmanager
+def _remote_errors(spec: SubAgent, action: str) -> Iterator[None]:
+    """A remote subagent's server failing becomes a tool error the model reads (its local errors pass)."""
+    if spec.url is None:
+        yield
+        return
+    try:
+        yield
+    except BackchannelError as exc:
+        raise ToolError(f"could not {action} the {spec.name!r} task on {spec.url}: {exc}") from exc
 
 
 def _runtime_of(runtime: ToolRuntime) -> tuple[RunContext, Any]:

@@ -50,8 +50,8 @@ def create_deep_agent(model: Any, tools: Sequence[Any] = (), *,
         specs.insert(0, GENERAL_PURPOSE)
     if max_tokens_before_summary is not None:
         specs = [_summarizing(s, model, max_tokens_before_summary) for s in specs]
-    foreground = [s for s in specs if not s.background]
-    background = [s for s in specs if s.background]
+    foreground = [s for s in specs if not (s.background or s.url)]
+    background = [s for s in specs if s.background or s.url]  # a subagent on another server runs there
     delegation: list[Middleware] = []
     if foreground:
         delegation.append(SubAgentMiddleware(foreground, model=model, tools=tools))

@@ -22,17 +22,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from typing import Annotated, Any, TypedDict
 
 from backchannel.agent import RunResult
 from backchannel.context import RunContext
+from backchannel.errors import NotFoundError
 from backchannel.messages import AIMessage, HumanMessage
 from backchannel.middleware import Middleware
 
 __all__ = ["CompletionNotifier", "ParentContext", "format_notification", "notification_message"]
 
 SUMMARY_LIMIT = 500
+
+logger = logging.getLogger("backchannel")
 
 
 def _keep(current: Any, new: Any) -> Any:
@@ -94,8 +98,11 @@ class CompletionNotifier(Middleware):
         url = state.get("parent_url")
         if url and url != getattr(ctx.runtime, "public_url", None):
             await ctx.runtime.outbox.put(key, url=url, thread_id=parent, assistant_id=assistant_id, message=message)
-        else:
+            return
+        try:
             await ctx.runtime.deliver(parent, message, key=key, assistant_id=assistant_id)
+        except NotFoundError:  # the supervisor's thread was deleted: nobody is left to tell
+            logger.info("task %s ended after its supervisor's thread %s was deleted", task_id, parent)
 
 
 def _outcome(result: RunResult) -> tuple[str | None, str]:

@@ -33,7 +33,8 @@ class SubAgent:
     ``tools``/``model`` ``None`` means the supervisor's. ``fork=True`` starts
     a synchronous subagent on a copy of the supervisor's conversation rather
     than a fresh one. ``timeout`` (seconds) bounds a background task.
-    ``url`` and ``graph_id`` declare a subagent served by another runtime.
+    ``url`` and ``graph_id`` declare a subagent served by another server (a
+    background task there, reached with ``headers``, e.g. ``{"x-api-key": ...}``).
     """
 
     name: str
@@ -48,6 +49,7 @@ class SubAgent:
     agent: Agent | None = None
     url: str | None = None
     graph_id: str | None = None
+    headers: Mapping[str, str] | None = None
     max_iterations: int = 50
     extra: dict[str, Any] = field(default_factory=dict)
 
