@@ -461,12 +461,13 @@ class RunsClient:
         stream = self._rt.stream_of(row.run_id)
         if stream is None:
             return
+        modes = modes or row.kwargs.get("stream_mode") or ["values"]
+        events = stream.follow(after, values=wants_values(modes))
         if with_metadata:
             yield StreamPart("metadata", {"run_id": row.run_id, "attempt": 1})
-        modes = modes or row.kwargs.get("stream_mode") or ["values"]
         mapper = StreamMapper(modes, subgraphs=bool(row.kwargs.get("stream_subgraphs")),
                               metadata={k: v for k, v in row.metadata.items() if k != "assistant_id"})
-        async for event in stream.follow(after, values=wants_values(modes)):
+        async for event in events:
             for part in mapper.parts(event):
                 yield part
         if stream.status == "error" and stream.error:  # LangGraph sends no error event for a timeout

@@ -35,6 +35,7 @@ class RunStream:
         self.result: dict[str, Any] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._recording = False
+        self._awaited = watched  # its creator will follow it: keep its events until then
         if resumable or watched:  # a run somebody follows from its creation records from the start
             self._record()
 
@@ -67,7 +68,7 @@ class RunStream:
         self.error = error
         self.final_values = values
         self._wake()
-        if not self.resumable:
+        if not self.resumable and not self._awaited:
             self.events = []  # only live readers could see them; each drains the list it follows
 
     async def wait(self) -> str:
@@ -81,14 +82,21 @@ class RunStream:
             self._waiter = asyncio.get_running_loop().create_future()
         await asyncio.shield(self._waiter)
 
-    async def follow(self, after_seq: int = 0, *, values: bool = False) -> AsyncIterator[Event]:
+    def follow(self, after_seq: int = 0, *, values: bool = False) -> AsyncIterator[Event]:
         """Every kept event with ``seq > after_seq``, then the ones still to come, until the run ends.
 
-        ``values=True`` asks the run for full-state snapshots from now on.
+        ``values=True`` asks the run for full-state snapshots from now on. The reader holds on
+        to the events from this call on, even if it starts iterating after the run has ended.
         """
         self.bus.wants_values = self.bus.wants_values or values
         self._record()
-        events = self.events  # finish() drops a non-resumable run's list; a reader still drains its own
+        events = self.events
+        self._awaited = False
+        if self.status is not None and not self.resumable:
+            self.events = []  # as finish() does: this reader drains its own list
+        return self._drain(events, after_seq)
+
+    async def _drain(self, events: list[Event], after_seq: int) -> AsyncIterator[Event]:
         index = _first_after(events, after_seq)
         while True:
             while index < len(events):

@@ -1,0 +1,100 @@
+"""Agents the server tests serve (importable as ``server_agents:<name>`` by server subprocesses too)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backchannel import AIMessage, HumanInTheLoop, HumanMessage, ScriptedModel, ToolMessage, ToolRuntime, create_agent, tool
+from backchannel.deep_agent import create_deep_agent
+from backchannel.subagents import SubAgent
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+@tool
+def report(progress: str, runtime: ToolRuntime) -> str:
+    """Report progress on the custom stream.
+
+    Args:
+        progress: What to report.
+    """
+    runtime.emit({"progress": progress})
+    return f"reported {progress}"
+
+
+@tool
+def send_email(to: str, body: str) -> str:
+    """Send an email.
+
+    Args:
+        to: The recipient.
+        body: The text.
+    """
+    return f"sent to {to}: {body}"
+
+
+def last_human(request: Any) -> str:
+    humans = [m for m in request.messages if isinstance(m, HumanMessage)]
+    return humans[-1].text if humans else ""
+
+
+def calc_reply(request: Any) -> Any:
+    """Adds 2 and 3 with the tool, then states the result."""
+    last = request.messages[-1]
+    if isinstance(last, ToolMessage):
+        return f"the answer is {last.text}"
+    return {"tool_calls": [{"name": "add", "args": {"a": 2, "b": 3}}]}
+
+
+def echo_reply(request: Any) -> str:
+    return f"echo: {last_human(request)}"
+
+
+def reporter_reply(request: Any) -> Any:
+    last = request.messages[-1]
+    if isinstance(last, ToolMessage):
+        return "reported"
+    return {"tool_calls": [{"name": "report", "args": {"progress": "half way"}}]}
+
+
+def mailer_reply(request: Any) -> Any:
+    last = request.messages[-1]
+    if isinstance(last, ToolMessage):
+        return f"done: {last.text}"
+    if isinstance(last, AIMessage):
+        return "ok"
+    return {"tool_calls": [{"name": "send_email", "args": {"to": "ada@example.com", "body": last_human(request)}}]}
+
+
+def delegator_reply(request: Any) -> Any:
+    last = request.messages[-1]
+    if isinstance(last, ToolMessage):
+        return f"the helper said: {last.text}"
+    return {"tool_calls": [{"name": "task", "args": {"description": last_human(request), "subagent_type": "helper"}}]}
+
+
+def helper_reply(request: Any) -> str:
+    return f"helped with {last_human(request)}"
+
+
+calc = create_agent(ScriptedModel([calc_reply], loop=True), [add], name="calc")
+echo = create_agent(ScriptedModel([echo_reply], loop=True), name="echo")
+# Each model call takes 0.4 s: long enough to cancel, interrupt or queue behind.
+slow = create_agent(ScriptedModel([echo_reply], loop=True, latency=0.4), name="slow")
+reporter = create_agent(ScriptedModel([reporter_reply], loop=True), [report], name="reporter")
+mailer = create_agent(ScriptedModel([mailer_reply], loop=True), [send_email], name="mailer",
+                      middleware=[HumanInTheLoop({"send_email": True})])
+delegator = create_deep_agent(
+    ScriptedModel([delegator_reply], loop=True), name="delegator", general_purpose=False,
+    subagents=[SubAgent("helper", "Helps with anything", model=ScriptedModel([helper_reply], loop=True))])
+
+AGENTS = {"calc": calc, "echo": echo, "slow": slow, "reporter": reporter, "mailer": mailer, "delegator": delegator}
