@@ -118,8 +118,9 @@ async def cancel_run(request: Request) -> Response:
     rt = runtime_of(request)
     thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
     action = request.query_params.get("action") or "interrupt"
+    wait = query_bool(request, "wait")
     await rt.runs.cancel(thread_id, run_id, action=action)
-    if not query_bool(request, "wait"):
+    if not wait:
         return Response(status_code=202)
     url = f"/threads/{thread_id}/runs/{run_id}"
     return StreamingBody(_output(rt, run_id), media_type="application/json", heartbeat=request.app.state.heartbeat,

@@ -1,0 +1,110 @@
+"""Threads over HTTP with the official client: create, get, update, search, count, copy, delete, state, history."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from langgraph_sdk.errors import ConflictError, NotFoundError
+
+
+def user(text: str) -> dict:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+async def test_create_get_update_and_delete(client):
+    thread = await client.threads.create(metadata={"user": "ada"})
+    assert thread["status"] == "idle" and thread["values"] is None
+    assert (await client.threads.get(thread["thread_id"]))["metadata"] == {"user": "ada"}
+    updated = await client.threads.update(thread["thread_id"], metadata={"topic": "math"})
+    assert updated["metadata"] == {"user": "ada", "topic": "math"}
+    await client.threads.delete(thread["thread_id"])
+    with pytest.raises(NotFoundError):
+        await client.threads.get(thread["thread_id"])
+    with pytest.raises(NotFoundError):
+        await client.threads.delete(thread["thread_id"])
+
+
+async def test_a_chosen_thread_id_conflicts_unless_do_nothing(client):
+    thread_id = "3c9d6f0e-0000-4000-8000-000000000001"
+    await client.threads.create(thread_id=thread_id, metadata={"n": 1})
+    with pytest.raises(ConflictError):
+        await client.threads.create(thread_id=thread_id)
+    again = await client.threads.create(thread_id=thread_id, if_exists="do_nothing")
+    assert again["metadata"] == {"n": 1}
+
+
+async def test_search_and_count_by_metadata_and_status(client):
+    tag = {"suite": "threads-search"}
+    ids = [(await client.threads.create(metadata={**tag, "i": i}))["thread_id"] for i in range(3)]
+    await client.runs.wait(ids[0], "echo", input=user("hi"))
+    found = await client.threads.search(metadata=tag, limit=10)
+    assert sorted(t["thread_id"] for t in found) == sorted(ids)
+    assert [t["thread_id"] for t in await client.threads.search(metadata={**tag, "i": 1})] == [ids[1]]
+    assert await client.threads.count(metadata=tag) == 3
+    assert len(await client.threads.search(metadata=tag, limit=2)) == 2
+    oldest_first = await client.threads.search(metadata=tag, sort_by="created_at", sort_order="asc")
+    assert [t["thread_id"] for t in oldest_first] == ids
+    assert ids[0] in [t["thread_id"] for t in await client.threads.search(metadata=tag, status="idle")]
+    assert found[0]["values"] is None or "messages" in found[0]["values"]
+
+
+async def test_state_history_and_checkpoints(client):
+    thread = await client.threads.create()
+    await client.runs.wait(thread["thread_id"], "calc", input=user("2 + 3?"))
+    state = await client.threads.get_state(thread["thread_id"])
+    assert [m["content"] for m in state["values"]["messages"]][-1] == "the answer is 5"
+    assert state["next"] == [] and state["checkpoint"]["checkpoint_id"]
+    history = await client.threads.get_history(thread["thread_id"], limit=100)
+    assert history[0]["checkpoint"]["checkpoint_id"] == state["checkpoint"]["checkpoint_id"]
+    assert len(history) >= 4  # input, model, tools, model
+    sizes = [len(h["values"].get("messages", [])) for h in history]
+    assert sizes == sorted(sizes, reverse=True)  # newest first
+    first = history[-1]
+    at_first = await client.threads.get_state(thread["thread_id"], checkpoint_id=first["checkpoint"]["checkpoint_id"])
+    assert [m["content"] for m in at_first["values"]["messages"]] == ["2 + 3?"]
+    via_post = await client.threads.get_state(thread["thread_id"], checkpoint=first["checkpoint"])
+    assert via_post["values"] == at_first["values"]
+    older = await client.threads.get_history(thread["thread_id"], limit=2, before=history[1]["checkpoint"])
+    assert [h["checkpoint"]["checkpoint_id"] for h in older] == [h["checkpoint"]["checkpoint_id"]
+                                                                  for h in history[2:4]]
+
+
+async def test_update_state_adds_a_checkpoint_the_next_run_sees(client):
+    thread = await client.threads.create()
+    await client.runs.wait(thread["thread_id"], "echo", input=user("one"))
+    written = await client.threads.update_state(thread["thread_id"], {"messages": [
+        {"role": "user", "content": "a note from the app"}]})
+    assert written["checkpoint"]["checkpoint_id"]
+    state = await client.threads.get_state(thread["thread_id"])
+    assert state["values"]["messages"][-1]["content"] == "a note from the app"
+    values = await client.runs.wait(thread["thread_id"], "echo", input=user("two"))
+    assert [m["content"] for m in values["messages"]] == ["one", "echo: one", "a note from the app", "two",
+                                                          "echo: two"]
+
+
+async def test_copy_keeps_the_history(client):
+    thread = await client.threads.create(metadata={"kind": "original"})
+    await client.runs.wait(thread["thread_id"], "echo", input=user("remember me"))
+    copy = await client.threads.copy(thread["thread_id"])
+    assert copy["thread_id"] != thread["thread_id"] and copy["metadata"]["kind"] == "original"
+    state = await client.threads.get_state(copy["thread_id"])
+    assert [m["content"] for m in state["values"]["messages"]] == ["remember me", "echo: remember me"]
+    values = await client.runs.wait(copy["thread_id"], "echo", input=user("and me"))
+    assert len(values["messages"]) == 4
+    assert len((await client.threads.get_state(thread["thread_id"]))["values"]["messages"]) == 2
+
+
+async def test_update_state_on_a_busy_thread_is_409(server, client):
+    thread = await client.threads.create()
+    run = await client.runs.create(thread["thread_id"], "slow", input=user("busy"))
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        response = await http.post(f"/threads/{thread['thread_id']}/state", json={"values": {"messages": []}})
+    assert response.status_code == 409 and "in-flight runs" in response.json()["detail"]
+    await client.runs.join(thread["thread_id"], run["run_id"])
+
+
+async def test_an_unknown_checkpoint_is_404(client):
+    thread = await client.threads.create()
+    await client.runs.wait(thread["thread_id"], "echo", input=user("x"))
+    with pytest.raises(NotFoundError):
+        await client.threads.get_state(thread["thread_id"], checkpoint_id="no-such-checkpoint")
