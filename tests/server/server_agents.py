@@ -90,6 +90,7 @@ calc = create_agent(ScriptedModel([calc_reply], loop=True), [add], name="calc")
 echo = create_agent(ScriptedModel([echo_reply], loop=True), name="echo")
 # Each model call takes 0.4 s: long enough to cancel, interrupt or queue behind.
 slow = create_agent(ScriptedModel([echo_reply], loop=True, latency=0.4), name="slow")
+glacial = create_agent(ScriptedModel([echo_reply], loop=True, latency=5.0), name="glacial")  # still going when asked
 reporter = create_agent(ScriptedModel([reporter_reply], loop=True), [report], name="reporter")
 mailer = create_agent(ScriptedModel([mailer_reply], loop=True), [send_email], name="mailer",
                       middleware=[HumanInTheLoop({"send_email": True})])
@@ -97,4 +98,4 @@ delegator = create_deep_agent(
     ScriptedModel([delegator_reply], loop=True), name="delegator", general_purpose=False,
     subagents=[SubAgent("helper", "Helps with anything", model=ScriptedModel([helper_reply], loop=True))])
 
-AGENTS = {"calc": calc, "echo": echo, "slow": slow, "reporter": reporter, "mailer": mailer, "delegator": delegator}
+AGENTS = {"calc": calc, "echo": echo, "slow": slow, "glacial": glacial, "reporter": reporter, "mailer": mailer, "delegator": delegator}

@@ -1,0 +1,98 @@
+"""``RemoteRuntime``: the runtime surface over HTTP, against a real server; same answers as LocalRuntime."""
+
+from __future__ import annotations
+
+import pytest
+from server_agents import AGENTS
+from server_helpers import ThreadServer, free_port
+
+from backchannel.errors import AuthenticationError, ConflictError, InvalidRequestError, NotFoundError, RemoteError
+from backchannel.runtime import LocalRuntime
+from backchannel.runtime.remote import RemoteRuntime
+from backchannel.server import create_app
+
+
+@pytest.fixture
+async def remote(server):
+    async with RemoteRuntime(server.url, api_key=None) as rt:
+        yield rt
+
+
+async def test_threads_runs_and_state(remote):
+    thread = await remote.threads.create(metadata={"via": "remote"})
+    values = await remote.runs.wait(thread["thread_id"], "calc", input="2 + 3?")
+    assert values["messages"][-1]["content"] == "the answer is 5"
+    state = await remote.threads.get_state(thread["thread_id"])
+    assert state["values"] == values
+    history = await remote.threads.get_history(thread["thread_id"], limit=100)
+    first = history[-1]["checkpoint"]["checkpoint_id"]
+    assert (await remote.threads.get_state(thread["thread_id"], checkpoint_id=first))["values"]["messages"][0][
+        "content"] == "2 + 3?"
+    assert [t["thread_id"] for t in await remote.threads.search(metadata={"via": "remote"})] == [thread["thread_id"]]
+    assert await remote.threads.count(metadata={"via": "remote"}) == 1
+
+
+async def test_streams_are_parts_like_local_ones(remote):
+    thread = await remote.threads.create()
+    parts = [p async for p in remote.runs.stream(thread["thread_id"], "calc", input="2 + 3?",
+                                                stream_mode=["updates", "custom"])]
+    assert parts[0].event == "metadata"
+    assert [next(iter(p.data)) for p in parts[1:]] == ["model", "tools", "model"]
+    run = await remote.runs.create(thread["thread_id"], "slow", input="later", stream_mode="updates",
+                                   stream_resumable=True)
+    joined = [p async for p in remote.runs.join_stream(thread["thread_id"], run["run_id"])]
+    assert joined[-1].data["model"]["messages"][0]["content"] == "echo: later"
+    assert all(p.id for p in joined)
+    again = [p async for p in remote.runs.join_stream(thread["thread_id"], run["run_id"], last_event_id=joined[0].id)]
+    assert [p.id for p in again] == [p.id for p in joined[1:]]
+
+
+async def test_the_same_code_runs_on_both_runtimes(remote):
+    async def conversation(rt):
+        thread = await rt.threads.create(metadata={"same": "code"})
+        await rt.runs.wait(thread["thread_id"], "echo", input="one")
+        run = await rt.runs.create(thread["thread_id"], "echo", input="two")
+        await rt.runs.join(thread["thread_id"], run["run_id"])
+        await rt.store.put_item(["same", "code"], "k", {"v": 1})
+        state = await rt.threads.get_state(thread["thread_id"])
+        item = await rt.store.get_item(["same", "code"], "k")
+        runs = await rt.runs.list(thread["thread_id"])
+        return ([m["content"] for m in state["values"]["messages"]], item["value"],
+                [r["status"] for r in runs])
+
+    async with LocalRuntime("memory", {"echo": AGENTS["echo"]}) as local:
+        assert await conversation(local) == await conversation(remote)
+
+
+async def test_errors_are_backchannels_own(remote):
+    thread = await remote.threads.create()
+    with pytest.raises(NotFoundError, match="not found"):
+        await remote.threads.get("00000000-0000-0000-0000-000000000000")
+    with pytest.raises(NotFoundError, match="no-such"):
+        await remote.runs.create(thread["thread_id"], "no-such", input="x")
+    with pytest.raises(ConflictError):
+        await remote.threads.create(thread_id=thread["thread_id"])
+    with pytest.raises(InvalidRequestError, match="multitask_strategy"):
+        await remote.runs.create(thread["thread_id"], "echo", input="x", multitask_strategy="sometimes")
+    run = await remote.runs.create(thread["thread_id"], "slow", input="busy")
+    with pytest.raises(ConflictError):
+        await remote.runs.create(thread["thread_id"], "slow", input="also", multitask_strategy="reject")
+    await remote.runs.cancel(thread["thread_id"], run["run_id"], wait=True)
+    assert (await remote.runs.get(thread["thread_id"], run["run_id"]))["status"] == "interrupted"
+
+
+async def test_an_unreachable_server_is_a_remote_error():
+    async with RemoteRuntime(f"http://127.0.0.1:{free_port()}", api_key=None) as rt:
+        with pytest.raises(RemoteError, match="ConnectError"):
+            await rt.threads.create()
+
+
+async def test_api_keys(monkeypatch):
+    runtime = LocalRuntime("memory", {"echo": AGENTS["echo"]})
+    with ThreadServer(create_app(runtime, api_key="k3y")) as live:
+        async with RemoteRuntime(live.url, api_key=None) as anonymous:
+            with pytest.raises(AuthenticationError, match="x-api-key"):
+                await anonymous.threads.create()
+        monkeypatch.setenv("BACKCHANNEL_API_KEY", "k3y")  # the default, like the server's
+        async with RemoteRuntime(live.url) as keyed:
+            assert (await keyed.threads.create())["status"] == "idle"
