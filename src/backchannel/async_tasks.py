@@ -58,13 +58,19 @@ class AsyncTaskState(TypedDict, total=False):
 
 
 async def task_status(runtime: Any, task: Mapping[str, Any]) -> str:
-    """A task's live status, from its latest run and its thread."""
+    """A task's live status, from its latest run and its thread.
+
+    As LangGraph reports them: a run cancelled is ``interrupted``; a run that paused for a
+    human ``success``, with its thread ``interrupted`` (then the task is ``waiting``).
+    """
     run = await runtime.runs.get(task["task_id"], task["run_id"])
     status = run["status"]
-    if status != "interrupted":
+    if status == "interrupted":
+        return "cancelled"
+    if status != "success":
         return status
     thread = await runtime.threads.get(task["task_id"])
-    return "waiting" if thread["status"] == "interrupted" and thread["interrupts"] else "cancelled"
+    return "waiting" if thread["status"] == "interrupted" and thread["interrupts"] else "success"
 
 
 _DETAIL_KEYS = {"success": "result", "waiting": "question", "error": "error", "timeout": "error"}

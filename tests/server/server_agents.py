@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from backchannel import AIMessage, HumanInTheLoop, HumanMessage, ScriptedModel, ToolMessage, ToolRuntime, create_agent, tool
@@ -40,6 +41,25 @@ def send_email(to: str, body: str) -> str:
         body: The text.
     """
     return f"sent to {to}: {body}"
+
+
+@tool
+def journal(entry: str) -> str:
+    """Write an entry in the journal (a file named by $JOURNAL): a side effect that must happen once.
+
+    Args:
+        entry: What to write.
+    """
+    with open(os.environ["JOURNAL"], "a") as f:
+        f.write(entry + "\n")
+    return f"wrote {entry}"
+
+
+def journal_reply(request: Any) -> Any:
+    last = request.messages[-1]
+    if isinstance(last, ToolMessage):
+        return f"journaled: {last.text}"
+    return {"tool_calls": [{"name": "journal", "args": {"entry": last_human(request)}}]}
 
 
 def last_human(request: Any) -> str:
@@ -94,6 +114,8 @@ glacial = create_agent(ScriptedModel([echo_reply], loop=True, latency=5.0), name
 reporter = create_agent(ScriptedModel([reporter_reply], loop=True), [report], name="reporter")
 mailer = create_agent(ScriptedModel([mailer_reply], loop=True), [send_email], name="mailer",
                       middleware=[HumanInTheLoop({"send_email": True})])
+# Two model calls of 1.5 s around a side effect: a stop between them must not repeat the side effect.
+journaler = create_agent(ScriptedModel([journal_reply], loop=True, latency=1.5), [journal], name="journaler")
 delegator = create_deep_agent(
     ScriptedModel([delegator_reply], loop=True), name="delegator", general_purpose=False,
     subagents=[SubAgent("helper", "Helps with anything", model=ScriptedModel([helper_reply], loop=True))])

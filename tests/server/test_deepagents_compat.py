@@ -56,7 +56,8 @@ class CommandModel(BaseChatModel):
 def supervisor(server):
     agent = deepagents.create_deep_agent(model=CommandModel(), checkpointer=InMemorySaver(), subagents=[
         {"name": "echoer", "description": "Echoes", "graph_id": "echo", "url": server.url},
-        {"name": "ponderer", "description": "Takes its time", "graph_id": "glacial", "url": server.url}])
+        {"name": "ponderer", "description": "Takes its time", "graph_id": "glacial", "url": server.url},
+        {"name": "mailer", "description": "Sends email, with approval", "graph_id": "mailer", "url": server.url}])
     config = {"configurable": {"thread_id": "deepagents-supervisor"}}
 
     async def say(command: str, **args: Any) -> tuple[str, dict[str, Any]]:
@@ -91,3 +92,12 @@ async def test_start_check_update_list_and_cancel(supervisor, client):
     thread = await client.threads.get(slow_id)
     assert [m["content"] for m in thread["values"]["messages"]] == ["the meaning of life", "focus on 42"]
     assert thread["metadata"]["subagent_name"] == "ponderer"
+
+
+async def test_a_subagent_waiting_for_approval_is_waiting_not_cancelled(supervisor, client):
+    said, tasks = await supervisor("start_async_task", description="hi Ada", subagent_type="mailer")
+    task_id = re.search(r"task_id: (\S+)", said).group(1)
+    await client.runs.join(task_id, tasks[task_id]["run_id"])
+    said, tasks = await supervisor("check_async_task", task_id=task_id)
+    assert tasks[task_id]["status"] == "waiting"
+    assert "send_email" in said

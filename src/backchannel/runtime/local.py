@@ -398,8 +398,10 @@ class LocalRuntime:
         if state.head is not None and state.head.next != stage:
             checkpoint_next = (state.head.checkpoint_id, stage)
             state.head.next = stage
+        # As in LangGraph, a run that paused for a human succeeded: the thread is what waits
+        # ("interrupted"). A run's own "interrupted" status means it was cancelled.
         has_mail = await self.storage.finish_run(RunEnd(
-            row.run_id, row.thread_id, status, "interrupted" if interrupts else "idle", now_iso(),
+            row.run_id, row.thread_id, "success", "interrupted" if interrupts else "idle", now_iso(),
             interrupts=interrupts, checkpoint_next=checkpoint_next))
         return status, snapshot(result.state), has_mail
 
