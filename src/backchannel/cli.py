@@ -1,9 +1,9 @@
 """The ``backchannel`` command: the demo, one-shot runs, and threads.
 
-    backchannel demo [--prompt TEXT] [--model provider:name] [--store URL]
+    backchannel demo [--prompt TEXT] [--model provider:name] [--store URL] [--web [--port 8123] [--no-browser]]
     backchannel run "question" [--model provider:name] [--thread ID] [--store URL]
     backchannel threads [list | show ID | tree ID | delete ID] [--store URL | --url URL]
-    backchannel serve [--host H] [--port 8123] [--database URL] [--agents [ID=]module:attr ...] [--api-key KEY]
+    backchannel serve [--host H] [--port 8123] [--database URL] [--agents [ID=]module:attr ...] [--api-key KEY] [--demo]
 
 State lives in ``~/.backchannel/state.db`` (SQLite) unless ``--store`` says
 otherwise; ``--url`` works on a server's threads instead. The model comes from
@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import os
 import sys
+import webbrowser
 from collections.abc import Sequence
 from typing import Any
 
@@ -222,6 +223,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="supervisor + researcher and analyst subagents in the background")
     demo.add_argument("--prompt", default=None)
+    demo.add_argument("--web", action="store_true", help="serve the demo as a web page instead")
+    demo.add_argument("--port", type=int, default=8123, help="the web page's port (with --web)")
+    demo.add_argument("--no-browser", action="store_true", help="don't open a browser (with --web)")
     run = sub.add_parser("run", help="answer one question with a deep agent")
     run.add_argument("prompt")
     run.add_argument("--thread", default=None, help="continue this thread")
@@ -235,7 +239,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--database", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
     serve.add_argument("--agents", nargs="+", default=[], metavar="[ID=]MODULE:ATTR",
                        help="agents to serve, e.g. myapp.agents:supervisor (default: a deep agent on --model)")
-    serve.add_argument("--demo", action="store_true", help="serve the demo supervisor (offline unless --model)")
+    serve.add_argument("--demo", action="store_true",
+                       help="serve the demo supervisor and its web page at / (offline unless --model)")
     serve.add_argument("--api-key", default=os.environ.get("BACKCHANNEL_API_KEY"),
                        help="require this key in x-api-key (default: $BACKCHANNEL_API_KEY)")
     serve.add_argument("--no-auth", action="store_true", help="serve a non-loopback host without an API key")
@@ -258,10 +263,13 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         return 2
     model = resolve_model(args.model)
     agents = import_agents(args.agents)
+    demo_page = None
     if args.demo:
-        from backchannel.demo import build_demo
+        from backchannel.demo import DEFAULT_PROMPT, build_demo
+        from backchannel.server.demo_page import DemoPage
 
         agents["supervisor"] = build_demo(model)
+        demo_page = DemoPage("supervisor", model, DEFAULT_PROMPT)
     if not agents:
         if model is None:
             console.print("[red]nothing to serve:[/] pass --agents module:attr, --demo, or a --model for a "
@@ -273,19 +281,59 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     console.print(f"[bold]backchannel serve[/] on http://{args.host}:{args.port} · assistants: "
                   f"{', '.join(agents)} · state: {escape(args.database)}"
                   f"{' · API key required' if args.api_key else ''}")
+    if demo_page is not None:
+        console.print(f"demo page: [bold]http://{args.host}:{args.port}/[/] ({escape(demo_page.model_label)})")
     serve(agents, host=args.host, port=args.port, database=args.database, api_key=args.api_key,
-          public_url=args.public_url, grace=args.grace)
+          public_url=args.public_url, grace=args.grace, demo_page=demo_page)
     return 0
+
+
+def run_demo_web(prompt: str, model: str | None, store: str, port: int, open_browser: bool,
+                 console: Console) -> int:
+    """The demo as a web page on this machine: a chat with the supervisor and live subagent cards."""
+    from backchannel.demo import build_demo
+    from backchannel.server import serve
+    from backchannel.server.demo_page import DemoPage
+
+    page = DemoPage("supervisor", model, prompt)
+    url = f"http://127.0.0.1:{port}/"
+    console.print(Panel(f"[bold]backchannel demo[/] — open [bold]{url}[/] in a browser (Ctrl+C stops it)\n"
+                        f"[dim]{escape(page.model_label)} · state: {escape(store)}[/]", border_style="blue"))
+    opener = (lambda: webbrowser.open(url)) if open_browser and _has_browser() else None
+    serve({"supervisor": build_demo(model)}, port=port, database=store, demo_page=page, log_level="warning",
+          on_ready=opener)
+    return 0
+
+
+def _has_browser() -> bool:
+    """Whether a graphical browser can open here (not on a headless box, where ``webbrowser`` picks a text one)."""
+    return sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def _server_extra_missing() -> str | None:
+    """What to install when the ``server`` extra is missing, else ``None``."""
+    import importlib.util
+
+    if all(importlib.util.find_spec(name) for name in ("starlette", "uvicorn", "orjson")):
+        return None
+    return "the server needs the server extra: pip install \"backchannel[server]\""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console()
     try:
+        missing = _server_extra_missing() if args.command == "serve" or getattr(args, "web", False) else None
+        if missing:
+            console.print(f"[red]{escape(missing)}[/]")
+            return 2
         if args.command == "demo":
             from backchannel.demo import DEFAULT_PROMPT
 
-            asyncio.run(run_demo(args.prompt or DEFAULT_PROMPT, resolve_model(args.model), args.store, console))
+            prompt, model = args.prompt or DEFAULT_PROMPT, resolve_model(args.model)
+            if args.web:
+                return run_demo_web(prompt, model, args.store, args.port, not args.no_browser, console)
+            asyncio.run(run_demo(prompt, model, args.store, console))
         elif args.command == "run":
             model = resolve_model(args.model)
             if model is None:

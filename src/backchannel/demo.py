@@ -9,7 +9,7 @@ model, and the output says so.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from backchannel.agent import Agent
 from backchannel.deep_agent import create_deep_agent
@@ -45,8 +45,14 @@ async def search_notes(query: str) -> str:
     return "\n".join(found) or f"No notes match {query!r}; try a player's name or 'criteria'."
 
 
-def build_demo(model: Any = None, *, latency: float = 0.6) -> Agent:
-    """The demo supervisor; ``model=None`` runs everything on offline scripted models."""
+def build_demo(model: Any = None, *, latency: float = 0.6,
+               completion: Literal["notify", "wait"] = "wait") -> Agent:
+    """The demo supervisor; ``model=None`` runs everything on offline scripted models.
+
+    ``latency`` is the scripted models' time per reply (seconds). With ``completion="wait"`` the
+    supervisor's run lasts until every result is in; with ``"notify"`` it ends after dispatching,
+    and each result wakes it with a new run.
+    """
     researcher = SubAgent(
         "researcher", "Looks up facts and statistics about one subject and reports them.",
         system_prompt="Research the subject you are given with search_notes, then report the key facts.",
@@ -59,7 +65,7 @@ def build_demo(model: Any = None, *, latency: float = 0.6) -> Agent:
         model=model or ScriptedModel([_analyst], loop=True, latency=latency * 1.5, name="offline-scripted"))
     supervisor_model = model or ScriptedModel([_supervisor], loop=True, latency=latency / 3, name="offline-scripted")
     return create_deep_agent(
-        supervisor_model, subagents=[researcher, analyst], general_purpose=False, completion="wait",
+        supervisor_model, subagents=[researcher, analyst], general_purpose=False, completion=completion,
         name="supervisor",
         system_prompt=("You coordinate researchers and an analyst. For a comparison question, start one "
                        "researcher per subject and the analyst in the background with start_async_task, tell "

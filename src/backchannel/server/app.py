@@ -4,14 +4,15 @@
 ``runs`` and ``store`` at the paths ``langgraph_sdk`` calls, plus ``/ok``,
 ``/info`` and ``/openapi.json``. The app opens the runtime when it starts
 and, when it stops, gives running runs ``grace`` seconds to finish; the rest
-resume when a runtime next opens the same database.
+resume when a runtime next opens the same database. With a ``demo_page`` it
+also serves the seed 001 demo page at ``/`` (:mod:`backchannel.server.demo_page`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -23,6 +24,9 @@ from backchannel.server.auth import APIKeyMiddleware
 from backchannel.server.errors import EXCEPTION_HANDLERS
 from backchannel.server.openapi import openapi_document
 from backchannel.server.routing import Endpoint, JSONResponse, routes
+
+if TYPE_CHECKING:
+    from backchannel.server.demo_page import DemoPage
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 
@@ -53,8 +57,11 @@ ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINT
 
 
 def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               heartbeat: float = 5.0, grace: float = 10.0) -> Starlette:
-    """The server app for ``runtime``; with ``api_key``, requests need it in the ``x-api-key`` header."""
+               heartbeat: float = 5.0, grace: float = 10.0, demo_page: DemoPage | None = None) -> Starlette:
+    """The server app for ``runtime``; with ``api_key``, requests need it in the ``x-api-key`` header.
+
+    ``demo_page`` adds the demo's web page at ``/`` (its own files need no key).
+    """
     from backchannel import __version__
 
     @contextlib.asynccontextmanager
@@ -65,8 +72,10 @@ def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int 
         finally:
             await runtime.close(grace=grace)
 
-    middleware = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
-    app = Starlette(routes=routes(ENDPOINTS), middleware=middleware, exception_handlers=EXCEPTION_HANDLERS,
+    page_routes = demo_page.routes() if demo_page is not None else []
+    open_paths = demo_page.paths if demo_page is not None else frozenset()
+    middleware = [Middleware(APIKeyMiddleware, api_key=api_key, open_paths=open_paths)] if api_key else []
+    app = Starlette(routes=[*routes(ENDPOINTS), *page_routes], middleware=middleware, exception_handlers=EXCEPTION_HANDLERS,
                     lifespan=lifespan)
     app.state.runtime = runtime
     app.state.max_body_bytes = max_body_bytes

@@ -1,8 +1,9 @@
-"""API keys: with one configured, every request but ``/ok`` must carry it in ``x-api-key``."""
+"""API keys: with one configured, every request but ``/ok`` (and a demo page's files) must carry it in ``x-api-key``."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -16,12 +17,13 @@ _OPEN_PATHS = frozenset({"/ok"})  # health checks need no key
 class APIKeyMiddleware:
     """Refuses (401) HTTP requests without the right ``x-api-key``, compared in constant time."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: Iterable[str] = ()) -> None:
         self.app = app
         self._key = api_key.encode()
+        self._open = _OPEN_PATHS | frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS or self._authorized(scope):
+        if scope["type"] != "http" or scope["path"] in self._open or self._authorized(scope):
             await self.app(scope, receive, send)
             return
         body = render_json({"detail": "missing or invalid API key: send it in the x-api-key header"})

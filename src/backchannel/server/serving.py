@@ -6,10 +6,15 @@ import importlib
 import ipaddress
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from backchannel.agent import Agent
+
+if TYPE_CHECKING:
+    from backchannel.server.demo_page import DemoPage
 
 __all__ = ["DEFAULT_PORT", "import_agents", "is_loopback", "serve", "served"]
 
@@ -75,12 +80,14 @@ def is_loopback(host: str) -> bool:
 
 def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           database: str | None = None, api_key: str | None = None, public_url: str | None = None,
-          grace: float = 10.0, log_level: str = "info") -> None:
+          grace: float = 10.0, log_level: str = "info", demo_page: DemoPage | None = None,
+          on_ready: Callable[[], None] | None = None) -> None:
     """Serve ``agents`` over HTTP until SIGINT or SIGTERM (then: no new runs, ``grace`` seconds for running ones).
 
     ``database`` is the runtime's store URL (SQLite by default). ``public_url`` is
     where other servers reach this one (default ``http://host:port``); background
-    tasks on other servers report back there.
+    tasks on other servers report back there. ``demo_page`` serves the demo's web
+    page at ``/``; ``on_ready`` is called (from another thread) once the server accepts connections.
     """
     import uvicorn
 
@@ -90,6 +97,20 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
     url = public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     runtime = LocalRuntime(database or DEFAULT_STORE, {graph_id: served(a) for graph_id, a in agents.items()},
                            public_url=url)
-    app = create_app(runtime, api_key=api_key, grace=grace)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(grace) or None,
-                access_log=False)
+    app = create_app(runtime, api_key=api_key, grace=grace, demo_page=demo_page)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                                           timeout_graceful_shutdown=int(grace) or None))
+    if on_ready is not None:
+        threading.Thread(target=_call_when_started, args=(server, on_ready), daemon=True).start()
+    server.run()
+    if not server.started:
+        sys.exit(3)  # as uvicorn.run does when the server cannot start (e.g. the port is taken)
+
+
+def _call_when_started(server: Any, callback: Callable[[], None]) -> None:
+    """Calls ``callback`` once ``server`` listens (never, if it fails to start)."""
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.05)
+    callback()
