@@ -157,11 +157,14 @@ async function joinNewRuns(threadId) {
   return joined;
 }
 
+// A task's status from its run, as LangGraph reports runs: one cancelled is "interrupted"; one that paused
+// for a human is "success", with its thread "interrupted".
 async function pollTasks() {
   for (const card of activeCards()) {
     if (!card.runId) continue;
     const run = await getJSON(`/threads/${card.id}/runs/${card.runId}`);
-    const status = run.status === "interrupted" ? null : TASK_STATUS[run.status];
+    let status = run.status === "interrupted" ? "cancelled" : TASK_STATUS[run.status];
+    if (run.status === "success" && (await getJSON(`/threads/${card.id}`)).status === "interrupted") status = "waiting";
     if (status) setStatus(card, status, card.runId);
   }
 }
