@@ -1,0 +1,332 @@
+"""The HTTP server: ``backchannel serve`` against ``langgraph dev``, the same one-step agent, the same client.
+
+Each server runs in its own process on loopback; this process is the client (``httpx``, keep-alive
+connections), so both servers are measured the same way. The agent answers at once ("echo: ..."):
+only the server, its runtime and its storage are timed. backchannel runs on a SQLite file (its
+default); ``langgraph dev`` on its in-memory runtime.
+
+* **latency**: sequential ``POST /threads`` then ``POST /threads/{id}/runs/wait``; p50 and p90 of the pair;
+* **throughput**: 32 concurrent clients, each looping ``POST /threads/{new id}/runs/wait``
+  (``if_not_exists="create"``) for a few seconds: one-step runs per second. The load comes from
+  ``wrk`` when it is installed (``apt-get install wrk``): a Python client on the same two cores
+  spends more CPU per request than the server does, and would measure itself;
+* **time to first event**: ``POST /threads/{id}/runs/stream`` until the first event after ``metadata``, p50;
+* **peak RSS** of the server process (``VmHWM``) once every workload has run.
+
+Targets for backchannel on SQLite: p50 ≤ 5 ms, ≥ 1,000 runs/s, time to first event p50 ≤ 5 ms,
+peak RSS ≤ 80 MiB. ``langgraph dev`` needs ``langgraph-cli[inmem]`` and ``langchain`` in
+``.venv-peers`` (see README.md); without it that column says "not installed". Usage::
+
+    python bench/server.py [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from step_overhead import emit_report  # noqa: E402  (a sibling script, not a package)
+
+CLIENTS = 32
+TARGETS = {"latency_p50_ms": 5.0, "runs_per_second": 1000.0, "first_event_p50_ms": 5.0, "peak_rss_mib": 80.0}
+SERVERS = ("backchannel", "langgraph dev")
+
+BACKCHANNEL_AGENT = '''
+from backchannel import HumanMessage, ScriptedModel, create_agent
+
+
+def echo(request):
+    humans = [m for m in request.messages if isinstance(m, HumanMessage)]
+    return "echo: " + humans[-1].text
+
+
+agent = create_agent(ScriptedModel([echo], loop=True), name="echo")
+'''
+
+LANGGRAPH_AGENT = '''
+import sys
+sys.path.insert(0, {bench!r})
+from _peers import reply_chat_model
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, HumanMessage
+
+
+def echo(messages):
+    humans = [m for m in messages if isinstance(m, HumanMessage)]
+    return AIMessage(content="echo: " + humans[-1].content)
+
+
+graph = create_agent(reply_chat_model(echo), tools=[])
+'''
+
+
+@dataclass
+class Settings:
+    latency_pairs: int
+    throughput_seconds: float
+    first_events: int
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> Settings:
+        return cls(100, 3.0, 50) if quick else cls(400, 8.0, 200)
+
+
+@dataclass
+class Result:
+    latency_p50_ms: float
+    latency_p90_ms: float
+    runs_per_second: float
+    first_event_p50_ms: float
+    peak_rss_mib: float
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the server did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+@contextmanager
+def backchannel_server(workdir: Path) -> Iterator[tuple[str, int]]:
+    (workdir / "bench_agents.py").write_text(BACKCHANNEL_AGENT)
+    port = free_port()
+    log = workdir / "backchannel.log"
+    command = [sys.executable, "-m", "backchannel.cli", "serve", "--port", str(port), "--agents",
+               "echo=bench_agents:agent", "--database", f"sqlite:///{workdir}/state.db"]
+    with _process(command, workdir, log) as process:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, process, log)
+        yield url, process.pid
+
+
+@contextmanager
+def langgraph_server(workdir: Path) -> Iterator[tuple[str, int]]:
+    cli = shutil.which("langgraph", path=os.path.dirname(sys.executable))
+    if cli is None:
+        raise ModuleNotFoundError("langgraph-cli is not installed here")
+    (workdir / "graph.py").write_text(LANGGRAPH_AGENT.format(bench=str(BENCH)))
+    (workdir / "langgraph.json").write_text('{"dependencies": ["."], "graphs": {"echo": "./graph.py:graph"}}')
+    port = free_port()
+    log = workdir / "langgraph.log"
+    command = [cli, "dev", "--config", str(workdir / "langgraph.json"), "--port", str(port), "--no-browser",
+               "--no-reload", "--n-jobs-per-worker", str(CLIENTS)]
+    with _process(command, workdir, log) as process:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, process, log)
+        yield url, process.pid
+
+
+@contextmanager
+def _process(command: list[str], workdir: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "PYTHONPATH": str(workdir), "LANGSMITH_TRACING": "false", "LANGCHAIN_TRACING_V2": "false",
+           "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The high-water mark of resident memory of ``pid`` and its children (langgraph dev forks), in MiB."""
+    total = 0
+    for each in [pid, *_children(pid)]:
+        try:
+            for line in Path(f"/proc/{each}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total / 1024
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return []
+    return [int(c) for child in found for c in [child, *map(str, _children(int(child)))]]
+
+
+USER = {"messages": [{"role": "user", "content": "hello"}]}
+
+
+async def measure(url: str, pid: int, settings: Settings) -> Result:
+    limits = httpx.Limits(max_connections=CLIENTS * 2, max_keepalive_connections=CLIENTS * 2)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        for _ in range(20):  # warm up
+            await _create_and_wait(http)
+        pairs = sorted([await _create_and_wait(http) for _ in range(settings.latency_pairs)])
+        runs_per_second = await _throughput(http, settings.throughput_seconds)
+        firsts = sorted([await _first_event(http) for _ in range(settings.first_events)])
+    return Result(latency_p50_ms=_pct(pairs, 50) * 1000, latency_p90_ms=_pct(pairs, 90) * 1000,
+                  runs_per_second=runs_per_second, first_event_p50_ms=_pct(firsts, 50) * 1000,
+                  peak_rss_mib=peak_rss_mib(pid))
+
+
+async def _create_and_wait(http: httpx.AsyncClient) -> float:
+    started = time.perf_counter()
+    thread = (await http.post("/threads", json={})).raise_for_status().json()
+    response = await http.post(f"/threads/{thread['thread_id']}/runs/wait", json={"assistant_id": "echo",
+                                                                                 "input": USER})
+    values = response.raise_for_status().json()
+    assert values["messages"][-1]["content"] == "echo: hello", values
+    return time.perf_counter() - started
+
+
+WRK_SCRIPT = """
+local body = '{"assistant_id": "echo", "input": {"messages": [{"role": "user", "content": "hello"}]}, "if_not_exists": "create"}'
+local headers = {["Content-Type"] = "application/json"}
+local sent = 0
+function setup(thread) thread:set("prefix", string.format("%08x", math.random(0, 0x7fffffff))) end
+function request()
+  sent = sent + 1  -- a new thread id per run
+  return wrk.format("POST", "/threads/" .. prefix .. "-0000-4000-8000-" .. string.format("%012x", sent) ..
+                    "/runs/wait", headers, body)
+end
+"""
+
+
+async def _throughput(http: httpx.AsyncClient, seconds: float) -> float:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return await _throughput_httpx(http, seconds)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(WRK_SCRIPT)
+        script.flush()
+        done = await asyncio.to_thread(subprocess.run, [
+            wrk, "-t2", f"-c{CLIENTS}", f"-d{seconds:.0f}s", "-s", script.name, str(http.base_url).rstrip("/")],
+            capture_output=True, text=True, check=True)
+    if "Non-2xx" in done.stdout:
+        raise RuntimeError(f"runs failed under load:\n{done.stdout}")
+    return float(next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("Requests/sec:")))
+
+
+async def _throughput_httpx(http: httpx.AsyncClient, seconds: float) -> float:
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            response = await http.post(f"/threads/{uuid.uuid4()}/runs/wait", json={
+                "assistant_id": "echo", "input": USER, "if_not_exists": "create"})
+            response.raise_for_status()
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(CLIENTS)))
+    return done / (time.perf_counter() - started)
+
+
+async def _first_event(http: httpx.AsyncClient) -> float:
+    thread = (await http.post("/threads", json={})).raise_for_status().json()
+    started = time.perf_counter()
+    async with http.stream("POST", f"/threads/{thread['thread_id']}/runs/stream",
+                           json={"assistant_id": "echo", "input": USER, "stream_mode": "values"}) as response:
+        elapsed = None
+        async for line in response.aiter_lines():  # read to the end, so the connection goes back to the pool
+            if elapsed is None and line.startswith("event: ") and line != "event: metadata":
+                elapsed = time.perf_counter() - started
+    if elapsed is None:
+        raise RuntimeError("the stream ended without an event")
+    return elapsed
+
+
+def _pct(values: list[float], pct: int) -> float:
+    return values[min(len(values) - 1, len(values) * pct // 100)]
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name, server in (("backchannel", backchannel_server), ("langgraph dev", langgraph_server)):
+        print(f"… {name}", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
+            try:
+                with server(Path(tmp)) as (url, pid):
+                    results[name] = asyncio.run(measure(url, pid, settings)).__dict__
+            except ModuleNotFoundError as exc:
+                results[name] = {"missing": str(exc)}
+    return results
+
+
+def render(results: dict[str, Any], out: Any) -> None:
+    ours, peer = results["backchannel"], results["langgraph dev"]
+    print(f"\nHTTP server, one-step runs, {CLIENTS} concurrent clients for throughput "
+          "(backchannel on SQLite, langgraph dev in memory)", file=out)
+    print(f"{'':<30}{'backchannel':>14}{'langgraph dev':>16}{'ratio':>9}{'target':>12}", file=out)
+    rows = [("create + wait p50 (ms)", "latency_p50_ms", "≤ 5", False),
+            ("create + wait p90 (ms)", "latency_p90_ms", "", False),
+            ("runs/s, 32 clients", "runs_per_second", "≥ 1,000", True),
+            ("first event p50 (ms)", "first_event_p50_ms", "≤ 5", False),
+            ("peak RSS (MiB)", "peak_rss_mib", "≤ 80", False)]
+    for label, key, target, higher_is_better in rows:
+        mine = ours[key]
+        theirs = peer.get(key)
+        if theirs is None:
+            ratio, shown = "", "not installed"
+        else:
+            ratio = f"{(mine / theirs if higher_is_better else theirs / mine):.1f}×"
+            shown = f"{theirs:,.1f}"
+        print(f"{label:<30}{mine:>14,.1f}{shown:>16}{ratio:>9}{target:>12}", file=out)
+    met = [ours["latency_p50_ms"] <= TARGETS["latency_p50_ms"], ours["runs_per_second"] >= TARGETS["runs_per_second"],
+           ours["first_event_p50_ms"] <= TARGETS["first_event_p50_ms"],
+           ours["peak_rss_mib"] <= TARGETS["peak_rss_mib"]]
+    print(f"targets met: {sum(met)} of {len(met)}"
+          f"{'' if shutil.which('wrk') else ' (throughput from a Python client: install wrk for the real figure)'}",
+          file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (about a minute)")
+    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout")
+    args = parser.parse_args(argv)
+    results = run(Settings.for_mode(args.quick))
+    emit_report(results, [render], args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
