@@ -1,7 +1,7 @@
 """The ``backchannel`` command: the demo, one-shot runs, and threads.
 
     backchannel demo [--prompt TEXT] [--model provider:name] [--store URL] [--web [--port 8123] [--no-browser]]
-    backchannel run "question" [--model provider:name] [--thread ID] [--store URL]
+    backchannel run "question" [--model provider:name] [--thread ID] [--store URL | --url URL --assistant ID]
     backchannel threads [list | show ID | tree ID | delete ID] [--store URL | --url URL]
     backchannel serve [--host H] [--port 8123] [--database URL] [--agents [ID=]module:attr ...] [--api-key KEY] [--demo]
 
@@ -172,6 +172,31 @@ async def run_once(prompt: str, model: str, thread_id: str | None, store: str, c
         console.print(f"[dim]thread {thread_id}[/]")
 
 
+async def run_remote(prompt: str, url: str, assistant: str, thread_id: str | None, console: Console) -> None:
+    """Ask an assistant on a server, showing its reply and tool calls as they stream."""
+    async with open_runtime("", url) as rt:
+        if thread_id is None:
+            thread_id = (await rt.threads.create())["thread_id"]
+        console.print(Text.assemble(("you › ", "bold"), prompt))
+        async for part in rt.runs.stream(thread_id, assistant, input=prompt, stream_mode=["updates"]):
+            if part.event == "error":
+                console.print(f"[red]the run failed:[/] {escape(str(part.data.get('message')))}")
+            for node, update in (part.data.items() if part.event == "updates" else ()):
+                for message in (update or {}).get("messages", ()) if isinstance(update, dict) else ():
+                    _print_remote_message(console, assistant, message)
+        console.print(f"[dim]thread {thread_id} on {url}[/]")
+
+
+def _print_remote_message(console: Console, assistant: str, message: dict[str, Any]) -> None:
+    if message.get("type") != "ai":
+        return
+    for call in message.get("tool_calls") or ():
+        console.print(Text(f"  → {call['name']}({str(call.get('args'))[:70]})", style="dim"))
+    text = text_of(message.get("content") or "")
+    if text:
+        console.print(Text.assemble((f"{assistant} › ", "bold blue"), text))
+
+
 def open_runtime(store: str, url: str | None = None) -> Any:
     """The runtime the command works on: the server at ``url``, else the embedded one on ``store``."""
     if url:
@@ -229,6 +254,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="answer one question with a deep agent")
     run.add_argument("prompt")
     run.add_argument("--thread", default=None, help="continue this thread")
+    run.add_argument("--url", default=None, help="ask an assistant on this server instead")
+    run.add_argument("--assistant", default="agent", help="the server's assistant to ask (with --url)")
     threads = sub.add_parser("threads", help="list, show, tree or delete threads")
     threads.add_argument("action", nargs="?", default="list", choices=["list", "show", "tree", "delete"])
     threads.add_argument("thread_id", nargs="?")
@@ -334,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.web:
                 return run_demo_web(prompt, model, args.store, args.port, not args.no_browser, console)
             asyncio.run(run_demo(prompt, model, args.store, console))
+        elif args.command == "run" and args.url:
+            asyncio.run(run_remote(args.prompt, args.url, args.assistant, args.thread, console))
         elif args.command == "run":
             model = resolve_model(args.model)
             if model is None:

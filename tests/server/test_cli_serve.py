@@ -1,0 +1,34 @@
+"""The command line against a server: ``backchannel serve``, ``run --url``, ``threads --url``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from server_helpers import ProcessServer
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "backchannel.cli", *args], capture_output=True, text=True,
+                          timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+def test_run_and_threads_against_a_served_agent(tmp_path):
+    with ProcessServer(["server_agents:AGENTS"], f"sqlite:///{tmp_path}/state.db") as server:
+        asked = cli("run", "2 + 3?", "--url", server.url, "--assistant", "calc")
+        assert asked.returncode == 0, asked.stderr
+        assert "→ add({'a': 2, 'b': 3})" in asked.stdout and "calc › the answer is 5" in asked.stdout
+        thread_id = asked.stdout.split("thread ")[-1].split()[0]
+        shown = cli("threads", "show", thread_id, "--url", server.url)
+        assert "the answer is 5" in shown.stdout
+        unknown = cli("run", "hi", "--url", server.url, "--assistant", "nobody")
+        assert unknown.returncode == 1 and "assistant 'nobody' not found" in unknown.stdout
+
+
+def test_serve_refuses_an_open_host_without_a_key(tmp_path):
+    refused = cli("serve", "--host", "0.0.0.0", "--demo", "--database", f"sqlite:///{tmp_path}/x.db")
+    assert refused.returncode == 2 and "without an API key" in refused.stdout
+    nothing = cli("serve", "--database", f"sqlite:///{tmp_path}/x.db")
+    assert nothing.returncode == 2 and "nothing to serve" in nothing.stdout
+    bad = cli("serve", "--agents", "no_such_module:agent", "--database", f"sqlite:///{tmp_path}/x.db")
+    assert bad.returncode == 1 and "cannot load no_such_module:agent" in bad.stdout
