@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backchannel import AIMessage, HumanMessage, RemoveMessage, ScriptedModel, ToolMessage, create_agent
+from backchannel import AIMessage, HumanMessage, RemoveMessage, ScriptedModel, ToolMessage, create_agent, tool
 from backchannel.deep_agent import create_deep_agent
 from backchannel.runtime import LocalRuntime
 from backchannel.state import MessageList
@@ -157,3 +157,42 @@ async def test_the_running_count_follows_replacements_and_removals():
     live.add(RemoveMessage(messages[0].id))
     live.add(HumanMessage("new"))
     assert abs(mw._tokens(live) - count_tokens_approximately(list(live))) < 1
+
+
+async def test_many_live_conversations_each_count_only_their_new_messages(monkeypatch):
+    import asyncio
+    import gc
+
+    from backchannel import summarization
+
+    counted = []
+    real = summarization.message_tokens
+    monkeypatch.setattr(summarization, "message_tokens", lambda m: counted.append(m) or real(m))
+
+    def reply(request):  # three model calls per conversation
+        return f"ok {len(request.messages)}" if len(request.messages) >= 5 else {
+            "tool_calls": [{"name": "wait", "args": {}}]}
+
+    gate = asyncio.Event()
+    arrived = []
+
+    @tool
+    async def wait() -> str:
+        """The first call waits until every conversation has made one: all are alive together."""
+        arrived.append(1)
+        if len(arrived) == 100:
+            gate.set()
+        await gate.wait()
+        return "go on"
+
+    mw = SummarizationMiddleware("unused", max_tokens_before_summary=10_000)
+    agent = create_agent(ScriptedModel([reply], loop=True), [wait], middleware=[mw])
+    results = await asyncio.gather(*(agent.ainvoke(f"q{i}") for i in range(100)))
+    total = sum(len(r["messages"]) for r in results)
+    # 100 conversations (more than any fixed cache would hold) are counted once per message,
+    # except each final answer, which no model call came after
+    assert len(counted) == total - 100
+    del results
+    await asyncio.sleep(0)  # the finished runs' tasks let go of their states
+    gc.collect()
+    assert mw._tallies == {}  # a finished conversation's tally goes with it

@@ -21,7 +21,7 @@ Reducer = Callable[[Any, Any], Any]
 class MessageList(list):  # type: ignore[type-arg]
     """A list of messages that knows where each id is, so replacing by id costs O(1)."""
 
-    __slots__ = ("positions",)
+    __slots__ = ("positions", "__weakref__")
 
     def __init__(self, messages: Iterable[AnyMessage] = ()) -> None:
         super().__init__()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import OrderedDict
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -78,7 +78,6 @@ SUMMARY_PREFIX = "Here is a summary of the conversation to date:"
 _CHARS_PER_TOKEN = 4.0
 _TOKENS_PER_MESSAGE = 3.0
 _ROLES = {"human": "Human", "ai": "AI", "system": "System", "tool": "Tool"}
-_TALLIES_KEPT = 64
 
 
 def message_tokens(message: AnyMessage) -> float:
@@ -125,16 +124,14 @@ def safe_cutoff(messages: Sequence[AnyMessage], cutoff: int) -> int:
 class _Tally:
     """A running token count of one message list, so each step counts only the new messages."""
 
-    __slots__ = ("messages", "counted", "last", "total")
+    __slots__ = ("counted", "last", "total")
 
-    def __init__(self, messages: list[AnyMessage]) -> None:
-        self.messages = messages
+    def __init__(self) -> None:
         self.counted = 0
         self.last: AnyMessage | None = None
         self.total = 0.0
 
-    def count(self) -> float:
-        messages = self.messages
+    def count(self, messages: list[AnyMessage]) -> float:
         n = len(messages)
         # Messages are replaced or removed rarely (an edit, a summary): then the prefix changed, recount.
         if n < self.counted or (self.counted and messages[self.counted - 1] is not self.last):
@@ -170,7 +167,7 @@ class SummarizationMiddleware(Middleware):
         self.trim_tokens_to_summarize = trim_tokens_to_summarize
         self.summary_prefix = summary_prefix
         self._chat_model: Any = None
-        self._tallies: OrderedDict[int, _Tally] = OrderedDict()
+        self._tallies: dict[int, _Tally] = {}  # by id of a live message list; each goes with its list
 
     async def before_agent(self, state: Mapping[str, Any], ctx: Any) -> dict[str, Any] | None:
         """A run asked to compact (``{"compact": True}``): summarise now and end the run."""
@@ -207,14 +204,16 @@ class SummarizationMiddleware(Middleware):
         return reply.text.strip() or "(the summariser returned nothing)"
 
     def _tokens(self, messages: list[AnyMessage]) -> float:
-        tally = self._tallies.get(id(messages))
-        if tally is None or tally.messages is not messages:
-            tally = self._tallies[id(messages)] = _Tally(messages)
-            if len(self._tallies) > _TALLIES_KEPT:
-                self._tallies.popitem(last=False)
-        else:
-            self._tallies.move_to_end(id(messages))
-        return tally.count()
+        key = id(messages)
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = _Tally()
+            try:  # however many runs are alive at once, each keeps its tally until its list is gone
+                weakref.finalize(messages, self._tallies.pop, key, None)
+            except TypeError:  # a plain list cannot be watched: count it whole each time
+                return tally.count(messages)
+            self._tallies[key] = tally
+        return tally.count(messages)
 
 
 def _trim(messages: list[AnyMessage], max_tokens: int | None) -> list[AnyMessage]:

@@ -119,3 +119,38 @@ async def test_a_sqlite_file_from_before_versions_takes_version_1_as_is(tmp_path
         assert await _versions(storage) == list(range(1, len(_module(storage)._MIGRATIONS) + 1))
     finally:
         await storage.close()
+
+
+async def test_sqlite_checkpoints_written_before_version_2_are_kept(tmp_path, monkeypatch):
+    from backchannel.runtime import sqlite as module
+    from backchannel.runtime.storage import CheckpointRow
+
+    url = f"sqlite:///{tmp_path}/state.db"
+
+    def checkpoint(thread_id, seq):
+        parent = f"{thread_id}-{seq - 1}" if seq > 1 else None
+        return CheckpointRow(thread_id, f"{thread_id}-{seq}", parent, seq, "r1", {"n": seq}, "", {"step": seq},
+                             now_iso())
+
+    monkeypatch.setattr(module, "_MIGRATIONS", module._MIGRATIONS[:1])
+    old = open_storage(url)
+    await old.open()
+    for seq in (1, 2, 3):
+        for thread_id in ("a", "b"):
+            await old.put_checkpoint(checkpoint(thread_id, seq))
+    await old.close()
+
+    monkeypatch.undo()
+    storage = open_storage(url)
+    await storage.open()
+    try:
+        assert await _versions(storage) == list(range(1, len(module._MIGRATIONS) + 1))
+        chain = await storage.checkpoint_chain("a", "a-3")
+        assert [(c.checkpoint_id, dict(c.delta)) for c in chain] == [(f"a-{n}", {"n": n}) for n in (1, 2, 3)]
+        assert (await storage.head_checkpoint("b")).checkpoint_id == "b-3"
+        await storage.put_checkpoint(checkpoint("a", 4))
+        assert [c.seq for c in await storage.list_checkpoints("a")] == [4, 3, 2, 1]
+        with pytest.raises(sqlite3.IntegrityError):  # one checkpoint per thread and seq, as before
+            await storage.put_checkpoint(checkpoint("b", 3))
+    finally:
+        await storage.close()

@@ -20,8 +20,11 @@ _THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
 JSON_FIELDS = frozenset({"metadata", "kwargs", "interrupts", "error"})  # row fields stored as JSON text
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)  # one for all calls: json.dumps makes one each
+
+
 def dump(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), default=str)
+    return _ENCODER.encode(value)
 
 
 def thread_row(row: tuple[Any, ...]) -> ThreadRow:
