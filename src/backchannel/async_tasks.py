@@ -42,6 +42,7 @@ __all__ = ["AsyncSubAgentMiddleware", "AsyncTaskState", "TASK_STATUSES", "task_s
 
 TASK_STATUSES = ("pending", "running", "success", "error", "cancelled", "timeout", "waiting")
 _ACTIVE = frozenset({"pending", "running"})
+_TASKS = uuid.UUID("9a3c4f9e-52b1-4c8e-8f43-2d1f6a0b7c11")  # namespace of the task ids derived from tool calls
 _RECHECK_SECONDS = 1.0
 
 
@@ -157,9 +158,14 @@ class AsyncSubAgentMiddleware(Middleware):
         ctx, rt = _runtime_of(runtime)
         spec = self.delegates.spec(subagent_type)
         home = self._home(rt, spec.name)
-        task_id = str(uuid.uuid4())  # the id of the task's thread, created with its first run
+        local = home is rt
+        # The id of the task's thread, created with its first run. Here it is derived from the tool call,
+        # so the call made again after a crash (its result was not recorded) finds the task it started.
+        task_id = str(uuid.uuid5(_TASKS, f"{ctx.thread_id}:{ctx.run_id}:{runtime.tool_call_id}") if local
+                      else uuid.uuid4())
+        once = {"_once": True} if local else {}
         with _remote_errors(spec, "start"):
-            run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id, if_not_exists="create",
+            run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id, if_not_exists="create", **once,
                                         metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
                                                   "tool_call_id": runtime.tool_call_id},
                                         input={"messages": [HumanMessage(description)],

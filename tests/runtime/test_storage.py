@@ -114,12 +114,16 @@ async def test_requeue_orphans_hands_dead_workers_runs_over(storage):
     finished = _run("t2", status="success", worker="dead")
     for row in (dead_running, dead_pending, alive, finished):
         await storage.create_run(row)
+    registered = _run("t3", status="running", worker="registered")  # registered since the caller looked
+    await storage.create_run(registered)
+    await storage.heartbeat("registered", {"pid": 1}, now_iso())
     moved = await storage.requeue_orphans(["alive"], "me")
     assert {r.run_id for r in moved} == {dead_running.run_id, dead_pending.run_id}
     for row in (dead_running, dead_pending):
         again = await storage.get_run(row.run_id)
         assert (again.status, again.worker_id) == ("pending", "me")
     assert (await storage.get_run(alive.run_id)).worker_id == "alive"
+    assert (await storage.get_run(registered.run_id)).worker_id == "registered"
     assert (await storage.get_run(finished.run_id)).status == "success"
 
 
@@ -195,3 +199,18 @@ async def test_item_prefixes_are_matched_by_label_not_by_text(storage):
     assert [i.value["v"] for i in await storage.search_items(("a_",))] == [1]
     assert [i.value["v"] for i in await storage.search_items(("a%",))] == [3]
     assert await storage.search_items(("a",)) == []
+
+
+async def test_a_pending_run_is_dropped_only_while_pending(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now))
+    queued, claimed, doomed = _run("t"), _run("t", status="running"), _run("t")
+    for row in (queued, claimed, doomed):
+        await storage.create_run(row)
+    assert await storage.drop_pending_run(queued.run_id, "interrupt", now_iso())
+    assert (await storage.get_run(queued.run_id)).status == "interrupted"
+    assert not await storage.drop_pending_run(claimed.run_id, "interrupt", now_iso())  # a worker has it
+    assert (await storage.get_run(claimed.run_id)).status == "running"
+    assert await storage.drop_pending_run(doomed.run_id, "rollback", now_iso())
+    assert await storage.get_run(doomed.run_id) is None
+    assert not await storage.drop_pending_run(doomed.run_id, "rollback", now_iso())

@@ -262,7 +262,7 @@ class RunsClient:
                      after_seconds: float | None = None, timeout: float | None = None,
                      webhook: str | None = None, concurrency_key: str | None = None,
                      concurrency_limit: int | None = None, _wake: bool = False, _watched: bool = False,
-                     **_: Any) -> dict[str, Any]:
+                     _once: bool = False, **_: Any) -> dict[str, Any]:
         """Queue a run and return it (status ``pending``); it starts as soon as its thread is free.
 
         Beyond the LangGraph arguments: ``timeout`` (seconds) ends the run with status
@@ -291,6 +291,10 @@ class RunsClient:
             thread_id = str(uuid.uuid4())
             if_not_exists = "create"
         thread = await rt.storage.get_thread(thread_id)
+        if thread is not None and _once:  # the same call made again (a tool call resumed after a crash)
+            first = (await rt.storage.list_runs(thread_id, limit=1_000_000))[-1:]
+            if first:
+                return render_run(first[0])
         new_thread = thread is None
         if thread is None:
             if (if_not_exists or "reject") != "create":
@@ -448,7 +452,7 @@ class RunsClient:
                            last_event_id: str | None) -> AsyncIterator[StreamPart]:
         row = await self._row(thread_id, run_id)
         modes = None if stream_mode is None else [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        stream = self._rt.stream_of(run_id)
+        stream = self._rt.stream_for(row, values=wants_values(modes or row.kwargs.get("stream_mode") or ()))
         after = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
         if stream is None or (not row.kwargs.get("stream_resumable") and last_event_id is None
                               and stream.finished):

@@ -47,12 +47,15 @@ class ThreadInbox:
         self.storage = storage
         self.thread_id = thread_id
         self._messages: dict[str, AnyMessage] = dict(waiting)
+        self._taken: set[str] = set()  # keys this run delivered: the same mail announced again is ignored
         self._arrived = asyncio.Event()
         if self._messages:
             self._arrived.set()
 
     def push(self, key: str, message: AnyMessage) -> None:
         """A message for this run (already stored)."""
+        if key in self._taken or key in self._messages:
+            return
         self._messages[key] = message
         self._arrived.set()
 
@@ -64,6 +67,7 @@ class ThreadInbox:
         keys = [k for k, m in self._messages.items() if m.id in delivered]
         for key in keys:
             del self._messages[key]
+        self._taken.update(keys)
         if not self._messages:
             self._arrived.clear()
         await self.storage.ack_inbox(self.thread_id, keys)

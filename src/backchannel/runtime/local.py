@@ -12,6 +12,7 @@ runs up from their last checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -36,6 +37,7 @@ from backchannel.messages import (
 )
 from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
 from backchannel.runtime.clients import render_run, resume_map
+from backchannel.runtime.coordination import Peers
 from backchannel.runtime.inbox import ThreadInbox
 from backchannel.runtime.modes import wants_values
 from backchannel.runtime.storage import RunEnd, RunRow, Storage, now_iso, open_storage
@@ -51,7 +53,6 @@ DEFAULT_STORE = "sqlite:///~/.backchannel/state.db"
 
 # LangGraph derives a registered graph's assistant id as uuid5(this namespace, graph_id).
 _ASSISTANT_NAMESPACE = uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
-_LEASE = timedelta(seconds=30)
 _TERMINAL = frozenset({"success", "error", "timeout", "interrupted"})
 _STREAMS_KEPT = 1000
 
@@ -68,12 +69,19 @@ class LocalRuntime:
     """The embedded runtime: ``LocalRuntime(store="sqlite:///path.db", agents={"name": agent})``.
 
     ``store`` is ``"memory"``, a ``sqlite:///`` URL or path (default
-    ``~/.backchannel/state.db``), or a :class:`~backchannel.runtime.storage.Storage`.
-    Use it as ``async with LocalRuntime(...) as rt:`` or call ``await rt.close()``.
+    ``~/.backchannel/state.db``), a ``postgresql://`` URL, or a
+    :class:`~backchannel.runtime.storage.Storage`. Use it as ``async with
+    LocalRuntime(...) as rt:`` or call ``await rt.close()``.
+
+    Runtimes in several processes can share one Postgres database: each runs
+    the runs it was asked for, any of them can follow, cancel or message any
+    run, and when one dies (no heartbeat for ``lease`` seconds) the others take
+    its runs over from their last checkpoints.
     """
 
     def __init__(self, store: str | Storage = DEFAULT_STORE, agents: Mapping[str, Agent] | None = None, *,
-                 max_concurrency: int = 256, heartbeat_interval: float = 5.0, public_url: str | None = None) -> None:
+                 max_concurrency: int = 256, heartbeat_interval: float = 5.0, lease: float = 30.0,
+                 public_url: str | None = None) -> None:
         from backchannel.runtime.clients import AssistantsClient, RunsClient, StoreClient, ThreadsClient
         from backchannel.runtime.outbox import Outbox
 
@@ -81,6 +89,8 @@ class LocalRuntime:
         self.checkpoints = Checkpointer(self.storage)
         self.max_concurrency = max_concurrency
         self.heartbeat_interval = heartbeat_interval
+        self.lease = lease
+        self.peers: Peers | None = None  # the other processes on a shared database
         self.worker_id = new_id()
         # Where other servers reach this runtime (set when it is served over HTTP): background
         # tasks on other servers report back to it there.
@@ -168,6 +178,10 @@ class LocalRuntime:
                 return
             await self.storage.open()
             await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
+            coordinator = self.storage.coordinator()
+            if coordinator is not None:
+                self.peers = Peers(self, coordinator)
+                await self.peers.start()
             self._opened = True
             self._background = [asyncio.create_task(self._schedule_forever()),
                                 asyncio.create_task(self._heartbeat_forever())]
@@ -193,6 +207,9 @@ class LocalRuntime:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._background = []
         await self.outbox.close()
+        if self.peers is not None:
+            await self.peers.stop()
+            self.peers = None
         await self.storage.forget_worker(self.worker_id)
         await self.storage.close()
 
@@ -203,24 +220,30 @@ class LocalRuntime:
         task.add_done_callback(self._side_tasks.discard)
         return task
 
-    async def _recover(self) -> None:
+    async def _recover(self, *, opening: bool = True) -> None:
         """Requeue, for this runtime, the runs of workers that are no longer alive."""
-        alive = [w for w, (info, beat) in (await self.storage.workers()).items() if _is_alive(info, beat)]
+        workers = await self.storage.workers()
+        alive = [w for w, (info, beat) in workers.items() if _is_alive(info, beat, self.lease)]
+        for dead in workers.keys() - set(alive):
+            await self.storage.forget_worker(dead)
         recovered = await self.storage.requeue_orphans(alive, self.worker_id)
         for row in recovered:
             await self.storage.update_thread(row.thread_id, status="busy")
-        # Mail stored just before a crash, with no run left to take it.
-        for thread_id in await self.storage.threads_with_mail():
-            try:
-                await self._wake_thread(thread_id)
-            except (NotFoundError, InvalidRequestError) as exc:
-                logger.warning("cannot deliver mail waiting for thread %s: %s", thread_id, exc)
+        if opening or recovered:
+            # Mail stored just before a crash, with no run left to take it.
+            for thread_id in await self.storage.threads_with_mail():
+                try:
+                    await self._wake_thread(thread_id)
+                except (NotFoundError, InvalidRequestError) as exc:
+                    logger.warning("cannot deliver mail waiting for thread %s: %s", thread_id, exc)
         self.kick()
 
     async def _heartbeat_forever(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
+            if self.peers is not None:  # a process sharing the database may have died: take its runs over
+                await self._recover(opening=False)
 
     # -- scheduling ----------------------------------------------------------
 
@@ -248,6 +271,8 @@ class LocalRuntime:
         context = self._contexts.pop(row.run_id, None) or contextvars.copy_context()
         task = asyncio.create_task(self._execute(row, stream), context=context)
         self._tasks[row.run_id] = task
+        if self.peers is not None:
+            self.peers.run_started(row, stream)
 
     def new_stream(self, row: RunRow, *, watched: bool = False) -> RunStream:
         """The event stream of a new run; ``watched`` when its creator follows it from the start."""
@@ -269,6 +294,23 @@ class LocalRuntime:
 
     def stream_of(self, run_id: str) -> RunStream | None:
         return self._streams.get(run_id)
+
+    def stream_for(self, row: RunRow, *, values: bool = False) -> RunStream | None:
+        """The run's stream: this process's, or one relayed from the process that executes the run."""
+        stream = self._streams.get(row.run_id)
+        if stream is None and self.peers is not None and (row.status in ("pending", "running")
+                                                          or row.kwargs.get("stream_resumable")):
+            stream = self.peers.follow(row, values)  # a resumable run's executor may still keep its events
+        return stream
+
+    def register_stream(self, stream: RunStream) -> None:
+        self._streams[stream.run_id] = stream
+
+    def retire_stream(self, stream: RunStream) -> None:
+        self._retire(stream)
+
+    def is_running_here(self, run_id: str) -> bool:
+        return run_id in self._tasks
 
     # -- executing one run -----------------------------------------------------
 
@@ -301,6 +343,8 @@ class LocalRuntime:
             await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
         self._retire(stream)
+        if self.peers is not None:
+            await self.peers.run_ended(row, status, error)
         if row.kwargs.get("webhook"):
             await self._call_webhook(row, stream, status, values, error)
         if status == "success" and has_mail and self._opened:  # mail came as the run finished: wake it
@@ -322,12 +366,15 @@ class LocalRuntime:
         reducers = agent.state_reducers()
         state = await self._load_state(row, reducers)
         pending = {}
-        if state.head is not None and state.head.run_id == row.run_id:  # resuming after a crash
+        resuming = state.head is not None and state.head.run_id == row.run_id  # after a crash
+        if resuming:
             stored = await self.storage.pending_writes(row.thread_id)
             pending = {call_id: _decode_pending(value) for call_id, value in stored.items()}
         stage, resume = await self._prepare(row, state, reducers, stream, agent)
-        inbox = ThreadInbox(self.storage, row.thread_id, await self.storage.inbox(row.thread_id))
-        self._inboxes[row.thread_id] = inbox
+        inbox = self._inboxes[row.thread_id] = ThreadInbox(self.storage, row.thread_id)
+        await self.refill_inbox(row.thread_id)  # registered first: mail announced meanwhile is not missed
+        if kwargs.get("wake") and not resuming and not inbox.drain():
+            stage = ""  # another run took the mail that was to wake the thread
         step = state.head.metadata.get("step", 0) if state.head else 0
         ctx = RunContext(
             agent.graph_name, row.run_id, thread_id=row.thread_id, bus=stream.bus,
@@ -444,27 +491,43 @@ class LocalRuntime:
         """Stop a run: ``interrupt`` keeps its finished steps, ``rollback`` deletes the run and its steps."""
         if action not in ("interrupt", "rollback"):
             raise InvalidRequestError(f"cancel action must be 'interrupt' or 'rollback', not {action!r}")
-        task = self._tasks.get(row.run_id)
+        task = self.cancel_local(row.run_id, action)
         if task is not None:
-            self._cancel_actions[row.run_id] = action
-            task.cancel()
             if wait:
                 await asyncio.gather(task, return_exceptions=True)
             return
+        if row.status == "running" and self.peers is not None:  # another process runs it
+            self.peers.cancel(row.run_id, action)
+            if wait:
+                with contextlib.suppress(NotFoundError):
+                    await self.wait_for(row.run_id)
+            return
         if row.status == "pending":
-            if action == "rollback":
-                await self.storage.delete_run(row.run_id)
-            else:
-                await self.storage.update_run(row.run_id, status="interrupted", updated_at=now_iso())
-            stream = self._streams.get(row.run_id)
-            if stream is not None:
-                stream.finish("interrupted")
-                self._retire(stream)
+            if not await self.storage.drop_pending_run(row.run_id, action, now_iso()):
+                fresh = await self.storage.get_run(row.run_id)  # it started meanwhile
+                if fresh is not None and fresh.status in ("pending", "running"):
+                    await self.cancel_run(fresh, action, wait)
+                return
+            if self.peers is not None:  # its creator may be following it
+                self.peers.cancel(row.run_id, action)
             others = [r for r in await self.storage.active_runs(row.thread_id) if r.run_id != row.run_id]
             if not others:
                 thread = await self.storage.get_thread(row.thread_id)
                 if thread is not None and thread.status == "busy":
                     await self.storage.update_thread(row.thread_id, status="idle")
+
+    def cancel_local(self, run_id: str, action: str) -> asyncio.Task[None] | None:
+        """Cancel the run if this process executes it (returns its task); else end its stream here, if any."""
+        task = self._tasks.get(run_id)
+        if task is not None:
+            self._cancel_actions[run_id] = action
+            task.cancel()
+            return task
+        stream = self._streams.get(run_id)
+        if stream is not None and not stream.finished and not (self.peers and self.peers.follows(run_id)):
+            stream.finish("interrupted")  # it was queued here and never started
+            self._retire(stream)
+        return None
 
     async def wait_for(self, run_id: str) -> RunRow:
         """Wait until a run has ended; returns its final row."""
@@ -499,8 +562,21 @@ class LocalRuntime:
         await self._wake_thread(thread_id, assistant_id)
         return True
 
+    def inbox_of(self, thread_id: str) -> ThreadInbox | None:
+        """The inbox of the thread's run executing here, if any."""
+        return self._inboxes.get(thread_id)
+
+    async def refill_inbox(self, thread_id: str) -> None:
+        """Give the thread's run executing here the mail stored for it (by any process)."""
+        inbox = self._inboxes.get(thread_id)
+        if inbox is not None:
+            for key, message in await self.storage.inbox(thread_id):
+                inbox.push(key, message)
+
     async def _wake_thread(self, thread_id: str, assistant_id: str | None = None) -> None:
         if any(r.thread_id == thread_id for r in await self.storage.active_runs(thread_id)):
+            if self.peers is not None:  # its run may be executing in another process
+                self.peers.mail(thread_id)
             return  # a queued run will take the message
         thread = await self.storage.get_thread(thread_id)
         if thread is None:
@@ -571,7 +647,7 @@ def _worker_info() -> dict[str, Any]:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
-def _is_alive(info: dict[str, Any], heartbeat_at: str) -> bool:
+def _is_alive(info: dict[str, Any], heartbeat_at: str, lease: float) -> bool:
     if info.get("host") == socket.gethostname():
         try:
             os.kill(int(info["pid"]), 0)
@@ -579,4 +655,4 @@ def _is_alive(info: dict[str, Any], heartbeat_at: str) -> bool:
             return False
         except PermissionError:
             pass
-    return datetime.now(timezone.utc) - datetime.fromisoformat(heartbeat_at) < _LEASE
+    return datetime.now(timezone.utc) - datetime.fromisoformat(heartbeat_at) < timedelta(seconds=lease)

@@ -188,7 +188,8 @@ class MemoryStorage(Storage):
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
         alive = set(alive_workers)
-        orphans = sorted((r for r in self._runs.values() if r.status in _ACTIVE and r.worker_id not in alive),
+        orphans = sorted((r for r in self._runs.values() if r.status in _ACTIVE and r.worker_id not in alive
+                          and r.worker_id not in self._workers),
                          key=lambda r: self._order[r.run_id])
         found = [_copy(r) for r in orphans]
         for row in orphans:

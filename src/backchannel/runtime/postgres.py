@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine, Mapping, Sequence
+import logging
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
 from backchannel.messages import AnyMessage, message_from_dict
@@ -35,10 +36,21 @@ from backchannel.runtime._rows import (
     thread_order,
     thread_row,
 )
-from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow, now_iso
+from backchannel.runtime.coordination import Coordinator
+from backchannel.runtime.storage import (
+    CheckpointRow,
+    ItemRow,
+    RunEnd,
+    RunRow,
+    Storage,
+    ThreadRow,
+    now_iso,
+)
 from backchannel.serde import dumps
 
-__all__ = ["PostgresStorage"]
+__all__ = ["PostgresCoordinator", "PostgresStorage"]
+
+logger = logging.getLogger("backchannel")
 
 T = TypeVar("T")
 
@@ -78,6 +90,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TABLE workers (
             worker_id TEXT PRIMARY KEY, info TEXT NOT NULL, heartbeat_at TEXT NOT NULL)""",
     ),
+    (  # messages between processes too big for a NOTIFY payload
+        """CREATE TABLE notifications (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, payload TEXT NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    ),
 )
 
 _THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, interrupts, error"
@@ -91,6 +108,8 @@ _JSONB = {"threads": frozenset({"metadata"})}  # columns that are JSONB (searche
 _MIGRATION_LOCK = 0x6263_0001
 _THREAD_LOCK = 0x6263_0002
 _KEY_LOCK = 0x6263_0003
+_NOTIFY_LIMIT = 7900  # bytes: Postgres refuses a NOTIFY payload of 8000 or more
+_TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
 
 
 class PostgresStorage(Storage):
@@ -237,14 +256,15 @@ class PostgresStorage(Storage):
 
     async def _claim(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
         async with self.pool.connection() as conn, conn.transaction():
-            # The oldest pending run of each thread with none running; runs another worker is claiming
-            # right now are locked, and skipped.
+            # This worker's runs that are the oldest due run of their thread (whichever worker queued
+            # the others), on threads with none running; runs another worker is claiming right now are
+            # locked, and skipped.
             candidates = [run_row(r) for r in await (await conn.execute(
-                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id IN ("
-                " SELECT DISTINCT ON (thread_id) run_id FROM runs r WHERE status = 'pending' AND worker_id = %s"
-                " AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id AND x.status = 'running')"
-                " ORDER BY thread_id, seq) AND scheduled_at <= %s ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED",
-                (worker_id, now, limit))).fetchall()]
+                f"SELECT {_RUN_COLUMNS} FROM runs r WHERE status = 'pending' AND worker_id = %(me)s "
+                "AND scheduled_at <= %(now)s AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id "
+                "AND (x.status = 'running' OR (x.status = 'pending' AND x.seq < r.seq AND x.scheduled_at <= %(now)s)))"
+                " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
+                {"me": worker_id, "now": now, "limit": limit})).fetchall()]
             if not candidates:
                 return []
             claimed = await _lock_claims(conn, candidates)
@@ -280,13 +300,23 @@ class PostgresStorage(Storage):
              "stage": stage, "checkpoint": checkpoint_id})
         return bool(found and found[0])
 
+    async def drop_pending_run(self, run_id: str, action: str, now: str) -> bool:
+        if action == "rollback":
+            return bool(await self._write("DELETE FROM runs WHERE run_id = %s AND status = 'pending'", (run_id,)))
+        return bool(await self._write("UPDATE runs SET status = 'interrupted', updated_at = %s "
+                                      "WHERE run_id = %s AND status = 'pending'", (now, run_id)))
+
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
         rows = await self._all(
             "UPDATE runs SET status = 'pending', worker_id = %s WHERE status IN ('pending', 'running') "
-            f"AND (worker_id IS NULL OR NOT worker_id = ANY(%s)) RETURNING seq, {_RUN_COLUMNS}",
+            "AND (worker_id IS NULL OR (NOT worker_id = ANY(%s) AND NOT EXISTS "
+            f"(SELECT 1 FROM workers w WHERE w.worker_id = runs.worker_id))) RETURNING seq, {_RUN_COLUMNS}",
             (new_worker_id, list(alive_workers)))
         # RETURNING gives the rows as they were before the update; the caller wants them as found.
         return [run_row(r[1:]) for r in sorted(rows)]
+
+    def coordinator(self) -> PostgresCoordinator:
+        return PostgresCoordinator(self)
 
     # -- workers
 
@@ -422,6 +452,98 @@ class PostgresStorage(Storage):
         columns = ", ".join(f"{name} = %s::jsonb" if name in jsonb else f"{name} = %s" for name in fields)
         params = [dump(v) if name in JSON_FIELDS and v is not None else v for name, v in fields.items()]
         await self._write(f"UPDATE {table} SET {columns} WHERE {key} = %s", (*params, value))
+
+
+class PostgresCoordinator(Coordinator):
+    """Messages over ``LISTEN/NOTIFY`` on one channel per schema; a payload too big for NOTIFY goes
+    through the ``notifications`` table and its id through NOTIFY."""
+
+    def __init__(self, storage: PostgresStorage) -> None:
+        self.storage = storage
+        self.channel = ""
+        self._queue: list[str] = []
+        self._queued = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._receive: Callable[[dict[str, Any]], None] = lambda message: None
+
+    async def start(self, receive: Callable[[dict[str, Any]], None]) -> None:
+        self._receive = receive
+        found = await self.storage._one("SELECT current_schema()")
+        self.channel = f"backchannel:{found[0] if found else 'public'}"[:63]
+        listening: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tasks = [asyncio.create_task(self._listen_forever(listening)),
+                       asyncio.create_task(self._send_forever())]
+        await listening  # from here on, what any process sends reaches this one
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._send_queued()
+
+    def publish(self, message: dict[str, Any]) -> None:
+        self._queue.append(json.dumps(message, separators=(",", ":"), default=str))
+        self._queued.set()
+
+    async def _send_forever(self) -> None:
+        tidied = asyncio.get_running_loop().time()
+        while True:
+            await self._queued.wait()
+            self._queued.clear()
+            await self._send_queued()
+            if asyncio.get_running_loop().time() - tidied > _TIDY_EVERY:
+                tidied = asyncio.get_running_loop().time()
+                await self.storage._write("DELETE FROM notifications WHERE created_at < now() - interval '10 minutes'")
+
+    async def _send_queued(self) -> None:
+        batch, self._queue = self._queue, []
+        if batch:
+            try:
+                await _whole(self._notify(batch))
+            except Exception:  # schedulers and followers also look at the database now and then
+                logger.exception("could not send %d messages to the other processes", len(batch))
+
+    async def _notify(self, batch: list[str]) -> None:
+        async with self.storage.pool.connection() as conn, conn.transaction():
+            payloads = []
+            for text in batch:
+                if len(text.encode()) > _NOTIFY_LIMIT:
+                    cursor = await conn.execute("INSERT INTO notifications (payload) VALUES (%s) RETURNING id", (text,))
+                    text = json.dumps({"ref": (await cursor.fetchone())[0]})  # type: ignore[index]
+                payloads.append(text)
+            # Volatile functions run after ORDER BY: the notifications go out in the order they were queued.
+            await conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i",
+                               (self.channel, payloads))
+
+    async def _listen_forever(self, listening: asyncio.Future[None]) -> None:
+        while True:
+            try:
+                async with await AsyncConnection.connect(self.storage.url, autocommit=True) as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    if listening.done():  # back after a lost connection: what was missed may be waiting
+                        self._receive({"k": "kick", "w": ""})
+                    else:
+                        listening.set_result(None)
+                    async for note in conn.notifies():
+                        await self._deliver(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not listening.done():
+                    listening.set_exception(exc)
+                    return
+                logger.warning("lost the connection listening to other processes (%s); reconnecting", exc)
+                await asyncio.sleep(1.0)
+
+    async def _deliver(self, payload: str) -> None:
+        message = json.loads(payload)
+        if set(message) == {"ref"}:
+            found = await self.storage._one("SELECT payload FROM notifications WHERE id = %s", (message["ref"],))
+            if found is None:
+                return
+            message = json.loads(found[0])
+        self._receive(message)
 
 
 async def _whole(operation: Coroutine[Any, Any, T]) -> T:

@@ -300,7 +300,8 @@ class SQLiteStorage(Storage):
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
         marks = ",".join("?" * len(alive_workers))
-        orphaned = f"status IN ('pending', 'running') AND (worker_id IS NULL OR worker_id NOT IN ({marks}))"
+        orphaned = (f"status IN ('pending', 'running') AND (worker_id IS NULL OR (worker_id NOT IN ({marks}) "
+                    "AND worker_id NOT IN (SELECT worker_id FROM workers)))")
         with self._transaction() as db:
             rows = db.execute(f"SELECT * FROM runs WHERE {orphaned} ORDER BY rowid", tuple(alive_workers)).fetchall()
             db.execute(f"UPDATE runs SET status = 'pending', worker_id = ? WHERE {orphaned}",

@@ -11,9 +11,12 @@ import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backchannel.messages import AnyMessage
+
+if TYPE_CHECKING:
+    from backchannel.runtime.coordination import Coordinator
 
 __all__ = ["CheckpointRow", "ItemRow", "RunEnd", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage"]
 
@@ -167,7 +170,32 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
-        """Give the running and pending runs of workers not in ``alive_workers`` to ``new_worker_id``, as pending."""
+        """Give the running and pending runs of workers that are neither in ``alive_workers`` nor
+        registered (see :meth:`heartbeat`) to ``new_worker_id``, as pending.
+
+        The caller forgets the workers it found dead first; a worker that registered since it
+        looked keeps its runs.
+        """
+
+    async def drop_pending_run(self, run_id: str, action: str, now: str) -> bool:
+        """Cancel a run that has not started: ``interrupt`` marks it interrupted, ``rollback`` deletes it.
+
+        ``False`` when it is no longer pending (a worker claimed it meanwhile). Backends shared by
+        several processes do this in one conditional statement.
+        """
+        row = await self.get_run(run_id)
+        if row is None or row.status != "pending":
+            return False
+        if action == "rollback":
+            await self.delete_run(run_id)
+        else:
+            await self.update_run(run_id, status="interrupted", updated_at=now)
+        return True
+
+    def coordinator(self) -> Coordinator | None:
+        """How runtimes in several processes on this storage reach each other; ``None`` for a
+        storage one process uses at a time (memory; SQLite, whose runtimes each run their own runs)."""
+        return None
 
     # -- workers (who is alive, for crash recovery)
     @abc.abstractmethod

@@ -37,18 +37,20 @@ class RunStream:
         self._recording = False
         self._awaited = watched  # its creator will follow it: keep its events until then
         if resumable or watched:  # a run somebody follows from its creation records from the start
-            self._record()
+            self.keep_events()
 
-    def _record(self) -> None:
+    def keep_events(self) -> None:
+        """Record the run's events from now on (a reader follows, or another process relays them)."""
         if not self._recording:
             self._recording = True
-            self.bus.subscribe(self._on_event)
+            self.bus.subscribe(self.add)
 
     @property
     def finished(self) -> bool:
         return self.status is not None
 
-    def _on_event(self, event: Event) -> None:
+    def add(self, event: Event) -> None:
+        """Keep an event (numbered already) and wake the readers."""
         self.events.append(event)
         self._wake()
 
@@ -89,7 +91,7 @@ class RunStream:
         to the events from this call on, even if it starts iterating after the run has ended.
         """
         self.bus.wants_values = self.bus.wants_values or values
-        self._record()
+        self.keep_events()
         events = self.events
         self._awaited = False
         if self.status is not None and not self.resumable:

@@ -1,0 +1,297 @@
+"""Runtimes in several processes on one database: the messages they exchange, and what each does with them.
+
+A storage backend that many processes share provides a :class:`Coordinator`
+(Postgres: ``LISTEN/NOTIFY``); memory and SQLite provide none, and their
+runtimes keep their in-process paths. Over it, :class:`Peers` tells the other
+processes what they need to know:
+
+- ``kick``: a thread this process ran has runs queued by others, so their schedulers look now;
+- ``cancel``: stop a run that another process executes;
+- ``mail``: a thread's inbox has a message for the run another process executes on it;
+- ``watch`` / ``events`` / ``end``: somebody here follows a run executed elsewhere; its executor
+  relays the run's events until it ends (``runs.join_stream`` on any process sees any run).
+
+Runs belong to the process that created them and run there while it lives; the
+others take them over when its lease lapses (see ``LocalRuntime``).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from backchannel.events import Event
+from backchannel.messages import message_from_dict
+from backchannel.runtime.storage import RunRow
+from backchannel.runtime.streams import RunStream
+from backchannel.serde import to_jsonable
+
+if TYPE_CHECKING:
+    from backchannel.runtime.local import LocalRuntime
+
+__all__ = ["Coordinator", "Peers"]
+
+logger = logging.getLogger("backchannel")
+
+_WATCH_KEPT = 60.0  # seconds a watch for a run nobody here has started yet is remembered
+_CHECK_EVERY = 1.0  # seconds between a follower's looks at a remote run's row (its executor may die)
+_ACTIVE = ("pending", "running")
+
+
+class Coordinator(abc.ABC):
+    """Messages between every process on one database, this one included, in the order they were sent."""
+
+    @abc.abstractmethod
+    async def start(self, receive: Callable[[dict[str, Any]], None]) -> None:
+        """Begin delivering every message (from any process) to ``receive``."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Send what is queued, then stop."""
+
+    @abc.abstractmethod
+    def publish(self, message: dict[str, Any]) -> None:
+        """Queue ``message`` (JSON-able) for every process; sent soon, in order."""
+
+
+class Peers:
+    """One runtime's side of the conversation with the other processes on its database."""
+
+    def __init__(self, runtime: LocalRuntime, coordinator: Coordinator) -> None:
+        self.runtime = runtime
+        self.coordinator = coordinator
+        self.me = runtime.worker_id
+        self._watched: dict[str, tuple[float, bool]] = {}  # run -> (when asked, wants values), not started here
+        self._relays: dict[str, _Relay] = {}  # runs executed here that others follow
+        self._remote: dict[str, _Feed] = {}  # runs executed elsewhere that somebody here follows
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        await self.coordinator.start(self._receive)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.coordinator.stop()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send(self, kind: str, **fields: Any) -> None:
+        self.coordinator.publish({"k": kind, "w": self.me, **fields})
+
+    # -- what this process tells the others
+
+    def kick(self) -> None:
+        """Runs queued elsewhere may start now (a thread this process ran is free)."""
+        self._send("kick")
+
+    def cancel(self, run_id: str, action: str) -> None:
+        self._send("cancel", run=run_id, action=action)
+
+    def mail(self, thread_id: str) -> None:
+        self._send("mail", thread=thread_id)
+
+    def follow(self, row: RunRow, values: bool) -> RunStream:
+        """A local stream of a run another process executes (or will), fed by its executor from its start."""
+        feed = self._remote.get(row.run_id)
+        if feed is None:
+            stream = RunStream(row.run_id, resumable=True)
+            feed = self._remote[row.run_id] = _Feed(stream, row.worker_id)
+            self.runtime.register_stream(stream)
+            self._spawn(self._check_remote(row.run_id, feed))
+        elif feed.values or not values:
+            return feed.stream  # asked for already
+        feed.values = feed.values or values
+        self._send("watch", run=row.run_id, after=0, values=feed.values)
+        return feed.stream
+
+    # -- runs executed here
+
+    def follows(self, run_id: str) -> bool:
+        """Whether this process follows the run as it executes elsewhere."""
+        return run_id in self._remote
+
+    def run_started(self, row: RunRow, stream: RunStream) -> None:
+        """Relay the run's events if somebody elsewhere asked to follow it before it started here."""
+        if self._remote.pop(row.run_id, None) is not None and stream.events:
+            stream.bus.seq = stream.events[-1].seq  # taken over from its dead executor: number on from there
+        asked = self._watched.pop(row.run_id, None)
+        if asked is not None:
+            self._relay(row.run_id, stream, 0, asked[1])
+
+    async def run_ended(self, row: RunRow, status: str, error: dict[str, Any] | None) -> None:
+        """Tell the run's followers elsewhere, and the processes with runs queued behind it."""
+        relay = self._relays.pop(row.run_id, None)
+        if relay is not None:
+            relay.close(status, error)
+        if any(r.worker_id != self.me for r in await self.runtime.storage.active_runs(row.thread_id)):
+            self.kick()
+
+    def _relay(self, run_id: str, stream: RunStream, after: int, values: bool) -> None:
+        relay = self._relays.get(run_id)
+        if relay is None:
+            relay = self._relays[run_id] = _Relay(self, run_id, stream)
+        relay.replay(after, values)
+
+    # -- what the others tell this process
+
+    def _receive(self, message: dict[str, Any]) -> None:
+        kind = message.get("k")
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler is None:
+            logger.warning("unknown message from another process: %r", message)
+            return
+        try:
+            handler(message)
+        except Exception:  # one bad message must not stop the listener
+            logger.exception("cannot handle a message from another process: %r", message)
+
+    def _on_kick(self, message: dict[str, Any]) -> None:
+        if message["w"] != self.me:
+            self.runtime.kick()
+
+    def _on_cancel(self, message: dict[str, Any]) -> None:
+        self.runtime.cancel_local(message["run"], message["action"])
+
+    def _on_mail(self, message: dict[str, Any]) -> None:
+        if self.runtime.inbox_of(message["thread"]) is not None:
+            self._spawn(self.runtime.refill_inbox(message["thread"]))
+
+    def _on_watch(self, message: dict[str, Any]) -> None:
+        run_id = message["run"]
+        if run_id in self._remote:
+            return  # this process follows it too; it is not the executor
+        stream = self.runtime.stream_of(run_id)
+        if stream is not None and self.runtime.is_running_here(run_id):
+            self._relay(run_id, stream, message["after"], message["values"])
+        elif stream is not None and stream.finished and stream.status is not None:
+            _Relay(self, run_id, stream).close(stream.status, stream.error, replay=message["after"])
+        else:
+            now = time.monotonic()
+            self._watched[run_id] = (now, bool(message["values"]))
+            for old in [r for r, (at, _) in self._watched.items() if now - at > _WATCH_KEPT]:
+                del self._watched[old]
+
+    def _on_events(self, message: dict[str, Any]) -> None:
+        feed = self._remote.get(message["run"])
+        if feed is not None:
+            feed.add(message["w"], [_event_from_wire(message["run"], e) for e in message["events"]])
+
+    def _on_end(self, message: dict[str, Any]) -> None:
+        feed = self._remote.get(message["run"])
+        if feed is not None:
+            self._end_remote(message["run"], feed, message["status"], message.get("error"))
+
+    def _end_remote(self, run_id: str, feed: _Feed, status: str, error: dict[str, Any] | None) -> None:
+        if self._remote.pop(run_id, None) is not None:
+            feed.stream.finish(status, error=error)
+            self.runtime.retire_stream(feed.stream)
+
+    async def _check_remote(self, run_id: str, feed: _Feed) -> None:
+        """Watch the run's row: end the stream if it ended unseen, ask again if another process took it over."""
+        while run_id in self._remote:
+            await asyncio.sleep(_CHECK_EVERY)
+            row = await self.runtime.storage.get_run(run_id)
+            if row is None or row.status not in _ACTIVE:
+                self._end_remote(run_id, feed, row.status if row else "interrupted", row.error if row else None)
+                return
+            if row.worker_id != feed.worker_id:
+                feed.worker_id = row.worker_id
+                self._send("watch", run=run_id, after=0, values=feed.values)
+
+
+class _Relay:
+    """Sends the events of a run executed here to the processes that follow it, a batch per loop tick."""
+
+    def __init__(self, peers: Peers, run_id: str, stream: RunStream) -> None:
+        self.peers = peers
+        self.run_id = run_id
+        self.stream = stream
+        self._pending: list[dict[str, Any]] = []
+        self._flushing = False
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def replay(self, after: int, values: bool) -> None:
+        """Send the kept events after ``after`` (a new follower), then every event from now on."""
+        self.stream.bus.wants_values = self.stream.bus.wants_values or values
+        if self._unsubscribe is None:
+            self.stream.keep_events()
+            self._unsubscribe = self.stream.bus.subscribe(self._add)
+        start = min(after, self._pending[0]["seq"] - 1) if self._pending else after  # unsent ones stay
+        self._pending = [_event_to_wire(e) for e in self.stream.events if e.seq > start]
+        self._schedule()
+
+    def _add(self, event: Event) -> None:
+        self._pending.append(_event_to_wire(event))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._flushing and self._pending:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        if self._pending:
+            events, self._pending = self._pending, []
+            self.peers._send("events", run=self.run_id, events=events)
+
+    def close(self, status: str, error: dict[str, Any] | None, *, replay: int | None = None) -> None:
+        if replay is not None:
+            self._pending = [_event_to_wire(e) for e in self.stream.events if e.seq > replay]
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        self._flush()
+        self.peers._send("end", run=self.run_id, status=status, error=error)
+
+
+class _Feed:
+    """A followed remote run: its local stream, fed by the run's executor.
+
+    Events keep their executor's numbers, so a ``Last-Event-ID`` means the same on every process;
+    when another process takes the run over (its events start again at 1), they follow on.
+    """
+
+    def __init__(self, stream: RunStream, worker_id: str | None) -> None:
+        self.stream = stream
+        self.worker_id = worker_id  # the executor, as the run's row last said
+        self.values = False
+        self._sender: str | None = None  # the executor whose events arrive now
+        self._gone: set[str] = set()  # earlier executors: what they still send is stale
+        self._base = 0  # the last number before the current executor's first event
+        self._last = 0  # the current executor's last event number
+
+    def add(self, worker: str, events: list[Event]) -> None:
+        if worker != self._sender:
+            if worker in self._gone:
+                return
+            if self._sender is not None:
+                self._gone.add(self._sender)
+                self._base += self._last
+            self._sender, self._last = worker, 0
+        for event in events:
+            if event.seq <= self._last:
+                continue  # sent again for another follower
+            self._last = event.seq
+            event.seq += self._base
+            self.stream.add(event)
+
+
+def _event_to_wire(event: Event) -> dict[str, Any]:
+    return {"type": event.type, "data": to_jsonable(event.data), "ns": list(event.namespace), "agent": event.agent,
+            "thread": event.thread_id, "seq": event.seq}
+
+
+def _event_from_wire(run_id: str, wire: dict[str, Any]) -> Event:
+    data = wire["data"]
+    if wire["type"] in ("tool", "message") and isinstance(data, dict) and isinstance(data.get("message"), dict):
+        data = {**data, "message": message_from_dict(data["message"])}
+    return Event(wire["type"], data, tuple(wire["ns"]), wire["agent"], wire["thread"], run_id, wire["seq"])

@@ -1,0 +1,161 @@
+"""Runtimes sharing one Postgres database: streams, cancellation, queues and mail across them.
+
+Each runtime has its own connections, its own LISTEN connection and its own
+worker id, exactly as it would in its own process; the tests with real
+processes (and ``kill -9``) are in ``test_processes.py``.
+"""
+
+import asyncio
+import time
+from contextlib import AsyncExitStack
+
+import pytest
+from runtime_helpers import contents, echo_agent, eventually, looping_agent, run_status_is, user
+
+from backchannel import HumanMessage, ScriptedModel, create_agent, tool
+from backchannel.runtime import LocalRuntime
+
+MODES = ["values", "updates", "messages-tuple", "custom"]
+
+
+@pytest.fixture
+async def runtimes(postgres_url):
+    """``await runtimes(agent, n)``: n open runtimes on one fresh Postgres schema, each with ``agent``."""
+    async with AsyncExitStack() as stack:
+        async def make(agent, n=2, **kwargs):
+            return [await stack.enter_async_context(LocalRuntime(postgres_url, agents={"agent": agent}, **kwargs))
+                    for _ in range(n)]
+
+        yield make
+
+
+async def _parts(stream):
+    return [(p.event, p.data) async for p in stream]
+
+
+async def test_a_run_executed_by_one_runtime_streams_to_another(runtimes):
+    a, b = await runtimes(looping_agent(3, latency=0.02))
+    tid = (await a.threads.create())["thread_id"]
+    run = await a.runs.create(tid, "agent", input=user("go"), stream_mode=MODES, after_seconds=0.3)
+    here = asyncio.create_task(_parts(a.runs.join_stream(tid, run["run_id"])))
+    there = asyncio.create_task(_parts(b.runs.join_stream(tid, run["run_id"])))
+    here, there = await asyncio.wait_for(asyncio.gather(here, there), 10)
+    assert there == here
+    assert [e for e, _ in here].count("updates") >= 7 and "messages" in {e for e, _ in here}
+    assert contents(here[-1][1])[-1] == "done after 3 steps"
+    assert (await b.runs.get(tid, run["run_id"]))["status"] == "success"
+    assert not b.is_running_here(run["run_id"])
+
+
+async def test_join_stream_of_a_resumable_run_replays_it_from_another_runtime(runtimes):
+    a, b = await runtimes(looping_agent(2))
+    tid = (await a.threads.create())["thread_id"]
+    run = await a.runs.create(tid, "agent", input=user("go"), stream_mode=["updates"], stream_resumable=True)
+    here = await _parts(a.runs.join_stream(tid, run["run_id"]))  # from the start: the run is resumable
+    await a.runs.join(tid, run["run_id"])
+    there = await asyncio.wait_for(_parts(b.runs.join_stream(tid, run["run_id"], last_event_id="0")), 5)
+    assert there == here and len(here) >= 5
+
+
+async def test_a_runtime_cancels_a_run_another_executes(runtimes):
+    a, b = await runtimes(echo_agent(latency=5))
+    tid = (await a.threads.create())["thread_id"]
+    run = await a.runs.create(tid, "agent", input=user("hi"))
+    await eventually(lambda: run_status_is(b, tid, run["run_id"], "running"))
+    started = time.monotonic()
+    await b.runs.cancel(tid, run["run_id"], wait=True)
+    assert time.monotonic() - started < 2
+    assert (await b.runs.get(tid, run["run_id"]))["status"] == "interrupted"
+    thread = await b.threads.get(tid)
+    assert thread["status"] != "busy" and thread["error"]["error"] == "UserInterrupt"
+    assert (await a.runs.join(tid, run["run_id"]))["messages"][0]["content"] == "hi"
+
+
+async def test_a_runtime_cancels_a_run_queued_in_another_before_it_starts(runtimes):
+    a, b = await runtimes(echo_agent())
+    tid = (await a.threads.create())["thread_id"]
+    run = await a.runs.create(tid, "agent", input=user("later"), after_seconds=2)
+    waiting = asyncio.create_task(a.runs.join(tid, run["run_id"]))
+    await b.runs.cancel(tid, run["run_id"])
+    await asyncio.wait_for(waiting, 2)  # the creator's own waiters hear of it
+    assert (await a.runs.get(tid, run["run_id"]))["status"] == "interrupted"
+    assert (await a.threads.get(tid))["status"] == "idle"
+    await asyncio.sleep(2.2)  # its time comes and goes: it never runs
+    assert (await a.threads.get_state(tid))["values"] == {}
+
+
+async def test_runs_queued_on_one_thread_by_two_runtimes_run_one_at_a_time_in_order(runtimes):
+    running: dict[str, int] = {}
+    overlaps: list[str] = []
+
+    @tool
+    async def step(i: int) -> str:
+        """One step of work."""
+        thread = "t"
+        running[thread] = running.get(thread, 0) + 1
+        if running[thread] > 1:
+            overlaps.append(f"step {i}")
+        await asyncio.sleep(0.02)
+        running[thread] -= 1
+        return f"step {i} ok"
+
+    a, b = await runtimes(looping_agent(3, tools=[step]))
+    tid = (await a.threads.create())["thread_id"]
+    runs = []
+    for i in range(6):
+        creator = (a, b)[i % 2]
+        runs.append((creator, await creator.runs.create(tid, "agent", input=user(f"turn {i}"))))
+    for creator, run in runs:
+        await asyncio.wait_for(creator.runs.join(tid, run["run_id"]), 10)
+    assert overlaps == []
+    messages = (await a.threads.get_state(tid))["values"]["messages"]
+    assert [m["content"] for m in messages if m["type"] == "human"] == [f"turn {i}" for i in range(6)]
+    assert [m["content"] for m in messages if m["type"] == "ai" and not m["tool_calls"]] == ["done after 3 steps"] * 6
+    assert {(await a.runs.get(tid, r["run_id"]))["status"] for _, r in runs} == {"success"}
+
+
+async def test_mail_for_a_run_in_another_runtime_reaches_it_once(runtimes):
+    seen_before_answer: list[list[str]] = []
+
+    def reply(request):
+        humans = [m.text for m in request.messages if isinstance(m, HumanMessage)]
+        tools = sum(m.type == "tool" for m in request.messages)
+        if tools < 4:
+            return {"tool_calls": [{"name": "pause", "args": {}, "id": f"call_{tools}"}]}
+        seen_before_answer.append(humans)
+        return "done"
+
+    @tool
+    async def pause() -> str:
+        """Wait a little."""
+        await asyncio.sleep(0.15)
+        return "paused"
+
+    a, b = await runtimes(create_agent(ScriptedModel([reply], loop=True), [pause]))
+    tid = (await a.threads.create())["thread_id"]
+    run = await a.runs.create(tid, "agent", input=user("work"))
+    await eventually(lambda: run_status_is(b, tid, run["run_id"], "running"))
+    await asyncio.sleep(0.1)
+    assert await b.deliver(tid, HumanMessage("a note", id="note-1"), key="k1")
+    assert not await a.deliver(tid, HumanMessage("a note again", id="note-2"), key="k1")  # once per key
+    await asyncio.wait_for(a.runs.join(tid, run["run_id"]), 10)
+    assert seen_before_answer == [["work", "a note"]]  # taken by the running run, not a new one
+    messages = (await b.threads.get_state(tid))["values"]["messages"]
+    assert [m["content"] for m in messages if m["type"] == "human"] == ["work", "a note"]
+    assert len(await b.runs.list(tid)) == 1
+
+
+async def test_mail_for_an_idle_thread_wakes_it_once_whoever_sends_it(runtimes):
+    a, b = await runtimes(echo_agent())
+    tid = (await a.threads.create())["thread_id"]
+    await a.runs.wait(tid, "agent", input=user("hi"))
+    sent = await asyncio.gather(a.deliver(tid, HumanMessage("ping", id="p1"), key="same"),
+                                b.deliver(tid, HumanMessage("ping", id="p2"), key="same"))
+    assert sorted(sent) == [False, True]
+
+    async def answered():
+        values = (await a.threads.get_state(tid))["values"]
+        return contents(values)[-1] == "echo: ping" and (await a.threads.get(tid))["status"] == "idle"
+
+    await eventually(answered, timeout=5)
+    assert contents((await a.threads.get_state(tid))["values"]) == ["hi", "echo: hi", "ping", "echo: ping"]
