@@ -208,6 +208,7 @@ def no_console_errors(browser: Any) -> None:
 def open_page(browser: Any, url: str) -> None:
     from selenium.webdriver.common.by import By
 
+    browser.get_log("browser")  # drop what earlier tests logged
     browser.get(url)
     wait_for(browser, lambda: browser.find_element(By.ID, "prompt").is_displayed(), what="the page did not load")
 
@@ -329,3 +330,31 @@ def test_the_page_asks_for_the_api_key_a_server_wants(browser, tmp_path):
         watch_cards(browser, 3, "complete")
         wait_for(browser, lambda: any("the verdict is Michael Jordan" in t for t in chat_texts(browser, ".msg.ai .text")),
                  what="the run should go through with the key")
+
+
+def test_a_new_conversation_leaves_the_running_one_to_the_server(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    with demo_server(tmp_path) as live:
+        open_page(browser, f"{live.url}/")
+        browser.find_element(By.ID, "suggestion").click()
+        wait_for(browser, lambda: [c["status"] for c in cards(browser)] == ["running"] * 3, what="three running cards")
+        first = browser.current_url.split("#thread=")[1]
+        browser.find_element(By.ID, "new-chat").click()
+        assert cards(browser) == [] and chat_texts(browser, ".msg, .notice") == []
+        assert browser.find_element(By.ID, "welcome").is_displayed() and "#thread=" not in browser.current_url
+
+        browser.find_element(By.ID, "suggestion").click()  # the new conversation works on its own thread
+        watch_cards(browser, 3, "complete")
+        second = browser.current_url.split("#thread=")[1]
+        assert second != first and len(cards(browser)) == 3
+        wait_for(browser, lambda: any("the verdict is Michael Jordan" in t for t in chat_texts(browser, ".msg.ai .text")),
+                 what="the new conversation's synthesis")
+        # The first conversation's run was not cancelled: it finished on the server.
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{live.url}/threads/{first}").json()["status"] != "idle" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (run,) = httpx.get(f"{live.url}/threads/{first}/runs").json()
+        assert run["status"] == "success"
+        assert len(chat_texts(browser, ".notice")) == 3 and not chat_texts(browser, ".notice.alert")
+        no_console_errors(browser)

@@ -14,7 +14,8 @@ const ACTIVE_RUN = new Set(["pending", "running"]);
 const KEY_STORE = "backchannel-api-key";
 
 const $ = (id) => document.getElementById(id);
-const chat = {threadId: null, streaming: 0, following: false, typing: null, seenRuns: new Set()};
+const chat = {threadId: null, streaming: 0, following: false, typing: null, seenRuns: new Set(),
+              requests: new AbortController()};  // aborted when the page leaves the conversation
 const cards = new Map();  // task_id -> card
 const byCall = new Map();  // id of the tool call that started a task -> task_id
 const early = new Map();  // lifecycle statuses that arrived before their task, by tool call id
@@ -26,7 +27,8 @@ async function api(method, path, body) {
     const headers = {"content-type": "application/json"};
     const key = sessionStorage.getItem(KEY_STORE);
     if (key) headers["x-api-key"] = key;
-    const response = await fetch(path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
+    const response = await fetch(path, {method, headers, signal: chat.requests.signal,
+                                        body: body === undefined ? undefined : JSON.stringify(body)});
     if (response.status === 401 && attempt < 3) {
       const entered = window.prompt("This server wants an API key (the x-api-key it was started with):");
       if (!entered) throw new Error("the server needs an API key");
@@ -183,7 +185,10 @@ function setThread(threadId) {
   history.replaceState(null, "", threadId ? `#thread=${threadId}` : location.pathname);
 }
 
+// Runs of the conversation left behind carry on at the server; the page stops following them.
 function newConversation() {
+  chat.requests.abort();
+  chat.requests = new AbortController();
   setThread(null);
   chat.seenRuns.clear();
   cards.clear();
@@ -334,6 +339,7 @@ function addNotice(message) {
 }
 
 function showError(error) {
+  if (error.name === "AbortError") return;  // the page left that conversation
   const el = element("div", "notice alert");
   el.appendChild(element("span", "dot"));
   el.appendChild(element("b", null, "error"));
