@@ -1,13 +1,15 @@
-"""The ``backchannel`` command: the demo, one-shot runs, and threads.
+"""The ``backchannel`` command: the chat, the demo, one-shot runs, and threads.
 
+    backchannel [chat] [--model provider:name] [--thread ID] [--config PATH] [--store URL | --url URL]
     backchannel demo [--prompt TEXT] [--model provider:name] [--store URL] [--web [--port 8123] [--no-browser]]
     backchannel run "question" [--model provider:name] [--thread ID] [--store URL | --url URL --assistant ID]
     backchannel threads [list | show ID | tree ID | delete ID] [--store URL | --url URL]
     backchannel serve [--host H] [--port 8123] [--database URL] [--agents [ID=]module:attr ...] [--api-key KEY] [--demo]
 
 State lives in ``~/.backchannel/state.db`` (SQLite) unless ``--store`` says
-otherwise; ``--url`` works on a server's threads instead. The model comes from
-``--model``, else ``BACKCHANNEL_MODEL``, else ``OPENAI_API_KEY`` or
+otherwise; ``--url`` works on a server's threads instead. The chat reads
+``~/.backchannel/config.toml``. The model comes from ``--model``, else
+``BACKCHANNEL_MODEL``, else the configuration, else ``OPENAI_API_KEY`` or
 ``ANTHROPIC_API_KEY`` being set.
 """
 
@@ -21,129 +23,33 @@ import webbrowser
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
-from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from backchannel.events import Event
+from backchannel._display import STREAM_MODES, StreamView, TaskBoard, show_stream
+from backchannel.config import resolve_model
 from backchannel.messages import text_of
 
 __all__ = ["main", "resolve_model"]
 
-_STATUS_STYLE = {"pending": "yellow", "running": "cyan", "success": "green", "error": "red",
-                 "timeout": "red", "cancelled": "dim", "waiting": "magenta", "interrupted": "magenta"}
+COMMANDS = ("chat", "demo", "run", "threads", "serve")
 
 
-def resolve_model(flag: str | None) -> str | None:
-    """The model to use: the flag, ``BACKCHANNEL_MODEL``, or a provider whose API key is set."""
-    if flag:
-        return flag
-    if os.environ.get("BACKCHANNEL_MODEL"):
-        return os.environ["BACKCHANNEL_MODEL"]
-    if os.environ.get("OPENAI_API_KEY"):
-        return "openai:gpt-4o-mini"
-    if os.environ.get("ANTHROPIC_API_KEY"):
-        return "anthropic:claude-3-5-haiku-latest"
-    return None
-
-
-class Renderer:
-    """Shows a run as it happens: replies, tool calls, results arriving, and a live panel of tasks."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.tasks: dict[str, dict[str, Any]] = {}  # by the tool call that started them
-        self.typing = ""
-        self.live: Live | None = None
-
-    def panel(self) -> Any:
-        table = Table(box=None, show_header=False, padding=(0, 1))
-        for task in self.tasks.values():
-            status = task["status"]
-            icon: Any = Spinner("dots", style="cyan") if status == "running" else Text("•", style=_STATUS_STYLE.get(status, ""))
-            table.add_row(icon, Text(task["subagent"], style="bold"), Text(status, style=_STATUS_STYLE.get(status, "")),
-                          Text(task["description"][:60], style="dim"))
-        parts: list[Any] = []
-        if self.tasks:
-            parts.append(Panel(table, title="background tasks", title_align="left", border_style="blue"))
-        if self.typing:
-            parts.append(Text(f"supervisor › {self.typing[-200:]}", style="dim italic"))
-        return Group(*parts)
-
-    def print(self, renderable: Any) -> None:
-        (self.live.console if self.live else self.console).print(renderable)
-
-    def refresh(self) -> None:
-        if self.live is not None:
-            self.live.update(self.panel())
-
-    def on_event(self, event: Event) -> None:
-        handler = getattr(self, f"_on_{event.type}", None)
-        if handler is not None:
-            handler(event)
-            self.refresh()
-
-    def _on_message(self, event: Event) -> None:
-        if event.namespace:
-            return
-        data = event.data
-        if data["event"] == "delta" and "text" in data:
-            self.typing += data["text"]
-        elif data["event"] == "finish":
-            self.typing = ""
-            text = data["message"].text
-            if text:
-                self.print(Text.assemble(("supervisor › ", "bold blue"), text))
-
-    def _on_tool(self, event: Event) -> None:
-        data = event.data
-        if event.namespace or data["event"] != "started":
-            return
-        args = data["args"]
-        shown = args.get("description") or args.get("task_id") or ", ".join(f"{k}={v!r}" for k, v in args.items())
-        self.print(Text(f"  → {data['tool_name']}({str(shown)[:70]})", style="dim"))
-
-    def _on_task(self, event: Event) -> None:
-        data = event.data
-        key = data.get("tool_call_id") or data["task_id"]
-        task = self.tasks.setdefault(key, {"subagent": data["subagent"], "description": data["description"]})
-        task["status"] = data["status"]
-
-    def _on_lifecycle(self, event: Event) -> None:
-        if len(event.namespace) != 1 or "cause" not in event.data:
-            return
-        call_id = event.data["cause"]["tool_call_id"]
-        task = self.tasks.setdefault(call_id, {"subagent": event.data["graph_name"], "description": ""})
-        task["status"] = {"started": "running", "completed": "success", "failed": "error",
-                          "interrupted": "waiting", "cancelled": "cancelled"}[event.data["event"]]
-
-    def _on_updates(self, event: Event) -> None:
-        if event.namespace:
-            return
-        for node, update in event.data.items():
-            if node != "inbox":
-                continue
-            for message in update.get("messages", ()):
-                note = message.additional_kwargs.get("task_notification", {})
-                body = text_of(message.content).split("] ", 2)[-1]
-                self.print(Text.assemble(("  📬 ", ""), (f"[{note.get('subagent', 'task')}] ", "bold green"),
-                                         body[:300]))
-
-
-async def _stream(agent: Any, prompt: str, thread_id: str, console: Console) -> None:
-    renderer = Renderer(console)
+async def _show_run(rt: Any, thread_id: str, assistant: str, prompt: str, console: Console) -> None:
+    """Run ``assistant`` on ``prompt`` and show it as it happens, with the panel of its background tasks."""
     console.print(Text.assemble(("you › ", "bold"), prompt))
-    with Live(renderer.panel(), console=console, refresh_per_second=10, transient=True) as live:
-        renderer.live = live
-        async for event in agent.astream(prompt, thread_id=thread_id):
-            renderer.on_event(event)
-    renderer.live = None
-    if renderer.tasks:
-        console.print(renderer.panel())
+    board = TaskBoard()
+    view = StreamView(console, board, assistant, set())
+    parts = rt.runs.stream(thread_id, assistant, input={"messages": [{"role": "user", "content": prompt}]},
+                           stream_mode=STREAM_MODES, stream_subgraphs=True)
+    await show_stream(console, parts, view)
+    if board.rows:
+        console.print(board.panel(recent=float("inf")))
+    if view.error:
+        console.print(f"[red]the run failed: {escape(str(view.error.get('message', view.error)))}[/]")
 
 
 async def run_demo(prompt: str, model: str | None, store: str, console: Console) -> None:
@@ -156,7 +62,7 @@ async def run_demo(prompt: str, model: str | None, store: str, console: Console)
                         f"background\n[dim]{escape(label)} · state: {escape(store)}[/]", border_style="blue"))
     async with LocalRuntime(store, agents={"supervisor": agent}) as rt:
         thread = await rt.threads.create(metadata={"title": "demo"})
-        await _stream(agent, prompt, thread["thread_id"], console)
+        await _show_run(rt, thread["thread_id"], "supervisor", prompt, console)
         console.print(f"[dim]thread {thread['thread_id']}[/]")
 
 
@@ -168,33 +74,17 @@ async def run_once(prompt: str, model: str, thread_id: str | None, store: str, c
     async with LocalRuntime(store, agents={"assistant": agent}) as rt:
         if thread_id is None:
             thread_id = (await rt.threads.create())["thread_id"]
-        await _stream(agent, prompt, thread_id, console)
+        await _show_run(rt, thread_id, "assistant", prompt, console)
         console.print(f"[dim]thread {thread_id}[/]")
 
 
 async def run_remote(prompt: str, url: str, assistant: str, thread_id: str | None, console: Console) -> None:
-    """Ask an assistant on a server, showing its reply and tool calls as they stream."""
+    """Ask an assistant on a server, showing its reply, tool calls and tasks as they stream."""
     async with open_runtime("", url) as rt:
         if thread_id is None:
             thread_id = (await rt.threads.create())["thread_id"]
-        console.print(Text.assemble(("you › ", "bold"), prompt))
-        async for part in rt.runs.stream(thread_id, assistant, input=prompt, stream_mode=["updates"]):
-            if part.event == "error":
-                console.print(f"[red]the run failed:[/] {escape(str(part.data.get('message')))}")
-            for node, update in (part.data.items() if part.event == "updates" else ()):
-                for message in (update or {}).get("messages", ()) if isinstance(update, dict) else ():
-                    _print_remote_message(console, assistant, message)
+        await _show_run(rt, thread_id, assistant, prompt, console)
         console.print(f"[dim]thread {thread_id} on {url}[/]")
-
-
-def _print_remote_message(console: Console, assistant: str, message: dict[str, Any]) -> None:
-    if message.get("type") != "ai":
-        return
-    for call in message.get("tool_calls") or ():
-        console.print(Text(f"  → {call['name']}({str(call.get('args'))[:70]})", style="dim"))
-    text = text_of(message.get("content") or "")
-    if text:
-        console.print(Text.assemble((f"{assistant} › ", "bold blue"), text))
 
 
 def open_runtime(store: str, url: str | None = None) -> Any:
@@ -246,6 +136,13 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="backchannel", description="Deep agents with background subagents.")
     sub = parser.add_subparsers(dest="command", required=True)
+    chat = sub.add_parser("chat", help="talk with your agent (what `backchannel` alone does)")
+    chat.add_argument("--thread", default=None, help="continue this thread")
+    chat.add_argument("--config", default=None, help="configuration file (default ~/.backchannel/config.toml)")
+    chat.add_argument("--store", default=None, help=f"where state lives (default: the configuration's, else "
+                                                    f"{DEFAULT_STORE})")
+    chat.add_argument("--url", default=None, help="chat with the assistant of a backchannel server instead "
+                                                  "(the configuration's agent name; API key from BACKCHANNEL_API_KEY)")
     demo = sub.add_parser("demo", help="supervisor + researcher and analyst subagents in the background")
     demo.add_argument("--prompt", default=None)
     demo.add_argument("--web", action="store_true", help="serve the demo as a web page instead")
@@ -275,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grace", type=float, default=10.0, help="seconds running runs get to finish on stop")
     for p in (demo, run, threads):
         p.add_argument("--store", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
-    for p in (demo, run, serve):
+    for p in (chat, demo, run, serve):
         p.add_argument("--model", default=None, help="provider:model, e.g. openai:gpt-4o-mini")
     return parser
 
@@ -347,6 +244,9 @@ def _server_extra_missing() -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "chat")  # `backchannel` alone, or with the chat's options, is the chat
     args = _parser().parse_args(argv)
     console = Console()
     try:
@@ -354,6 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             console.print(f"[red]{escape(missing)}[/]")
             return 2
+        if args.command == "chat":
+            from backchannel.chat import run_chat
+
+            return asyncio.run(run_chat(model=args.model, config_file=args.config, store=args.store,
+                                        thread_id=args.thread, console=console, url=args.url))
         if args.command == "demo":
             from backchannel.demo import DEFAULT_PROMPT
 
@@ -377,9 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[dim]stopped; unfinished runs resume next time[/]")
         return 130
-    except Exception as exc:  # a readable line rather than a traceback
-        console.print(f"[red]error:[/] {escape(f'{type(exc).__name__}: {exc}')}")
-        return 1
+    except Exception as exc:  # a readable line on stderr rather than a traceback
+        from backchannel.config import ConfigError
+
+        problem = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        Console(stderr=True).print(f"[red]error:[/] {escape(problem)}", soft_wrap=True)
+        return 2 if isinstance(exc, ConfigError) else 1
     return 0
 
 

@@ -17,12 +17,12 @@ def test_run_and_threads_against_a_served_agent(tmp_path):
     with ProcessServer(["server_agents:AGENTS"], f"sqlite:///{tmp_path}/state.db") as server:
         asked = cli("run", "2 + 3?", "--url", server.url, "--assistant", "calc")
         assert asked.returncode == 0, asked.stderr
-        assert "→ add({'a': 2, 'b': 3})" in asked.stdout and "calc › the answer is 5" in asked.stdout
+        assert "→ add(a=2, b=3)" in asked.stdout and "calc › the answer is 5" in asked.stdout
         thread_id = asked.stdout.split("thread ")[-1].split()[0]
         shown = cli("threads", "show", thread_id, "--url", server.url)
         assert "the answer is 5" in shown.stdout
         unknown = cli("run", "hi", "--url", server.url, "--assistant", "nobody")
-        assert unknown.returncode == 1 and "assistant 'nobody' not found" in unknown.stdout
+        assert unknown.returncode == 1 and "assistant 'nobody' not found" in unknown.stderr  # errors go to stderr
 
 
 def test_serve_refuses_an_open_host_without_a_key(tmp_path):
@@ -31,4 +31,4 @@ def test_serve_refuses_an_open_host_without_a_key(tmp_path):
     nothing = cli("serve", "--database", f"sqlite:///{tmp_path}/x.db")
     assert nothing.returncode == 2 and "nothing to serve" in nothing.stdout
     bad = cli("serve", "--agents", "no_such_module:agent", "--database", f"sqlite:///{tmp_path}/x.db")
-    assert bad.returncode == 1 and "cannot load no_such_module:agent" in bad.stdout
+    assert bad.returncode == 1 and "cannot load no_such_module:agent" in bad.stderr

@@ -1,0 +1,203 @@
+"""The chat's configuration file (``~/.backchannel/config.toml``) and the agent it describes.
+
+Every key is optional::
+
+    agent = "agent"                    # the assistant's name; its memory is ~/.backchannel/agents/<agent>/agent.md
+    model = "openai:gpt-4o-mini"       # provider:name, or module:attribute for a model object
+    system_prompt = "You are ..."
+    tools = ["mypackage.tools:search"] # module:attribute, a tool (function) or a list of them
+    approve_tools = ["send_email"]     # tools that wait for your approval (approve, edit or reject)
+    completion = "notify"              # or "wait": stay in the run until background tasks report
+    store = "sqlite:///~/.backchannel/state.db"
+    summarize_after = 170000           # tokens before older messages are summarised
+
+    [[subagents]]
+    name = "researcher"
+    description = "Researches one subject"
+    system_prompt = "..."
+    model = "anthropic:claude-3-5-haiku-latest"   # default: the agent's
+    tools = ["mypackage.tools:search"]            # default: the agent's
+    background = true                  # run with start_async_task, report back when done
+    timeout = 300
+    url = "http://host:8123"           # a subagent served elsewhere, with graph_id
+
+A bad file is refused with a :class:`ConfigError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from backchannel.agent import Agent
+from backchannel.errors import BackchannelError
+from backchannel.messages import AIMessage
+from backchannel.middleware import Middleware, ModelHandler
+from backchannel.models import _PROVIDERS, init_model
+from backchannel.models.base import ModelRequest
+
+__all__ = ["ChatConfig", "ConfigError", "ModelChoice", "SubagentConfig", "build_chat_agent", "config_path",
+           "load_config", "load_model", "resolve_model"]
+
+_NAME = r"^[A-Za-z0-9_-]+$"
+
+
+class ConfigError(BackchannelError):
+    """The configuration file cannot be used; the message names the file and the key."""
+
+
+class SubagentConfig(BaseModel):
+    """One ``[[subagents]]`` table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=_NAME)
+    description: str
+    system_prompt: str | None = None
+    model: str | None = None
+    tools: list[str] | None = None
+    background: bool = False
+    timeout: float | None = Field(default=None, gt=0)
+    url: str | None = None
+    graph_id: str | None = None
+
+
+class ChatConfig(BaseModel):
+    """The whole file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = Field(default="agent", pattern=_NAME)
+    model: str | None = None
+    system_prompt: str | None = None
+    tools: list[str] = []
+    approve_tools: list[str] = []
+    completion: Literal["notify", "wait"] = "notify"
+    store: str | None = None
+    summarize_after: int | None = Field(default=170_000, gt=0)
+    subagents: list[SubagentConfig] = []
+
+
+def config_path() -> Path:
+    """Where the configuration lives: ``~/.backchannel/config.toml``."""
+    return Path.home() / ".backchannel" / "config.toml"
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> ChatConfig:
+    """The configuration in ``path`` (default :func:`config_path`; a missing default file means defaults)."""
+    file = Path(path).expanduser() if path is not None else config_path()
+    if not file.exists():
+        if path is not None:
+            raise ConfigError(f"{file}: no such file")
+        return ChatConfig()
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    try:
+        return ChatConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{file}: {_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    """The first problem of a validation error, with the key written as in the file (``subagents[0].timeout``)."""
+    error = exc.errors()[0]
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]).lstrip(".")
+    if error["type"] == "extra_forbidden":
+        owner = SubagentConfig if "subagents" in key else ChatConfig
+        return f"unknown key {key!r} (known keys: {', '.join(owner.model_fields)})"
+    if error["type"] == "string_pattern_mismatch":
+        return f"{key}: {error['input']!r} must be a plain name (letters, digits, '-' and '_')"
+    return f"{key}: {error['msg']} (got {error['input']!r})"
+
+
+def resolve_model(flag: str | None, configured: str | None = None) -> str | None:
+    """The model to use: the flag, ``BACKCHANNEL_MODEL``, the configured one, or a provider whose API key is set."""
+    for choice in (flag, os.environ.get("BACKCHANNEL_MODEL"), configured):
+        if choice:
+            return choice
+    if os.environ.get("OPENAI_API_KEY"):
+        return "openai:gpt-4o-mini"
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        return "anthropic:claude-3-5-haiku-latest"
+    return None
+
+
+def load_object(reference: str, what: str) -> Any:
+    """The object ``module:attribute`` names."""
+    module, sep, attribute = reference.partition(":")
+    if not sep or not module or not attribute:
+        raise ConfigError(f"{what} {reference!r} should be 'module:attribute'")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{what} {reference!r} cannot be loaded: {exc}") from None
+    return found
+
+
+def load_model(spec: str) -> Any:
+    """A model setting: ``"provider:name"`` as it is, or the model object ``module:attribute`` names
+    (a callable that is not a model is called to make one)."""
+    provider = spec.partition(":")[0]
+    if provider in _PROVIDERS:
+        return spec
+    try:
+        found = load_object(spec, "model")
+    except ConfigError as exc:
+        raise ConfigError(f"model {spec!r}: unknown provider {provider!r} (known: {', '.join(_PROVIDERS)}), "
+                          f"and not a model object either ({exc})") from None
+    return found() if callable(found) and not hasattr(found, "generate") else found
+
+
+def _tools(references: Sequence[str]) -> list[Any]:
+    tools: list[Any] = []
+    for reference in references:
+        found = load_object(reference, "tool")
+        tools.extend(found if isinstance(found, (list, tuple)) else [found])
+    return tools
+
+
+class ModelChoice(Middleware):
+    """Use the model a run names in its context (``context={"model": "provider:name"}``): the chat's ``/model``."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, Any] = {}
+
+    async def wrap_model_call(self, request: ModelRequest, handler: ModelHandler) -> AIMessage:
+        """Every model call of a run whose context names a model: that model instead."""
+        context = request.ctx.context if request.ctx is not None else None
+        name = context.get("model") if isinstance(context, Mapping) else None
+        if not name:
+            return await handler(request)
+        if name not in self._models:
+            self._models[name] = init_model(load_model(name))
+        return await handler(request.override(model=self._models[name]))
+
+
+def build_chat_agent(config: ChatConfig, model: Any, *, home: str | os.PathLike[str] | None = None) -> Agent:
+    """The agent the configuration describes: a deep agent with its subagents, memory and handoff."""
+    from backchannel.deep_agent import create_deep_agent
+    from backchannel.handoff import HandoffMiddleware
+    from backchannel.hitl import HumanInTheLoop
+    from backchannel.memory import AgentMemoryMiddleware, MemoryFile, agent_memory_path
+    from backchannel.subagents import SubAgent
+
+    memory = MemoryFile(agent_memory_path(config.agent, home))
+    subagents = [SubAgent(s.name, s.description, system_prompt=s.system_prompt,
+                          tools=None if s.tools is None else _tools(s.tools),
+                          model=load_model(s.model) if s.model else None, background=s.background,
+                          timeout=s.timeout, url=s.url, graph_id=s.graph_id) for s in config.subagents]
+    return create_deep_agent(
+        model, _tools(config.tools), subagents=subagents, system_prompt=config.system_prompt, name=config.agent,
+        completion=config.completion, max_tokens_before_summary=config.summarize_after,
+        middleware=[HandoffMiddleware(model, memory), AgentMemoryMiddleware(memory), ModelChoice(),
+                    *([HumanInTheLoop({t: True for t in config.approve_tools})] if config.approve_tools else [])])

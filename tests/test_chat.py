@@ -1,0 +1,241 @@
+"""The interactive chat, driven as a person would: a real terminal, a scripted model (tests/chat_script.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from terminal import BACKCHANNEL, Terminal, chat_env, write_config
+
+from backchannel.runtime import LocalRuntime
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    write_config(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def chat(home):
+    """``chat(*args)``: start ``backchannel`` (the chat) in a terminal and wait for its prompt."""
+    started: list[Terminal] = []
+
+    def start(*args: str) -> Terminal:
+        terminal = Terminal([*args, "--store", f"sqlite:///{home}/state.db"], home)
+        started.append(terminal)
+        terminal.thread = terminal.expect(r"thread ([0-9a-f]{8}) · /help").group(1)
+        terminal.screen_shows(r"(?m)^›")
+        return terminal
+
+    yield start
+    for terminal in started:
+        terminal.close()
+
+
+def memory_file(home: Path) -> Path:
+    return home / ".backchannel" / "agents" / "agent" / "agent.md"
+
+
+def wait_until(condition, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.05)
+
+
+async def stored_threads(home: Path) -> list[dict]:
+    async with LocalRuntime(f"sqlite:///{home}/state.db") as rt:
+        return await rt.threads.search(metadata={"graph_id": "agent"}, limit=100)
+
+
+def test_a_conversation_with_a_background_task_that_reports_back_by_itself(chat):
+    t = chat()  # `backchannel` with no command is the chat
+    t.type("hello there")
+    t.expect(r"agent › You said: hello there")
+    t.type("please research tea")
+    t.expect(r"→ start_async_task\(researcher: Research the history of tea\)")
+    t.expect(r"agent › I started a researcher on it in the background\.")
+    t.screen_shows(r"background tasks\s*\n.*researcher\s+running\s+0:0\d\s+Research the history of tea")
+    t.send("what about ")  # typing while the task works: the prompt stays usable
+    t.expect(r"📬 researcher finished: Tea was first drunk in China, about 2700 BC\.")
+    t.expect(r"agent › The researcher reports: Tea was first drunk in China")
+    t.screen_shows(r"researcher\s+success\s+0:0[1-9]")
+    t.screen_shows(r"› what about")  # the half-typed line survived the notification
+    t.type("coffee")
+    t.expect(r"agent › You said: what about coffee")
+    t.type("/tasks")
+    t.expect(r"[0-9a-f]{8}\s+researcher\s+success\s+0:0\d\s+Research the history of tea")
+    t.type("/quit")
+    t.expect(rf"bye · thread {t.thread}")
+    assert t.wait_exit() == 0
+
+
+def test_handoff_preview_then_accept_seeds_the_new_thread_and_clears_after_its_first_reply(chat, home):
+    memory = memory_file(home)
+    t = chat("chat")
+    t.type("hello there")
+    t.expect(r"You said: hello there")
+    t.type("please research tea")
+    t.expect(r"The researcher reports")
+    t.type("/handoff --preview")
+    t.expect(r"handoff summary · [0-9a-f]{8}")
+    t.expect(r"Tea research")
+    t.expect(r"preview only: nothing changed")
+    assert not memory.exists()
+
+    t.type("/handoff")
+    t.expect(r"The user asked about the history of tea\.")
+    t.expect(r"TL;DR: Tea began in China\.")
+    t.expect(r"accept, edit or reject\? \[a/e/r\]")
+    t.type("a")
+    child = t.expect(r"continuing in a new thread ([0-9a-f]{8})").group(1)
+    text = memory.read_text()
+    assert "### Tea research" in text and "- A researcher found that tea was first drunk in China." in text
+    t.screen_shows(rf"thread {child} · /help")
+    t.type("where were we?")
+    t.expect(r"agent › From my notes: Tea research\.")  # the summary was in the child's first system prompt
+    wait_until(lambda: "<current_thread_summary>\nNone recorded yet.\n</current_thread_summary>" in memory.read_text())
+    t.type("where were we, again?")
+    t.expect(r"agent › I have no notes about earlier threads\.")
+    t.type("/quit")
+    assert t.wait_exit() == 0
+
+    threads = {th["thread_id"][:8]: th for th in asyncio.run(stored_threads(home))}
+    assert set(threads) == {t.thread, child}
+    parent, new = threads[t.thread], threads[child]
+    assert new["metadata"]["parent_thread_id"] == parent["thread_id"]
+    assert new["metadata"]["handoff_source_thread_id"] == parent["thread_id"]
+    assert new["metadata"]["handoff_pending"] is False
+    assert parent["metadata"]["last_handoff"]["child_thread_id"] == new["thread_id"]
+
+
+def test_handoff_reject_changes_nothing_and_edit_saves_the_edited_summary(chat, home):
+    memory = memory_file(home)
+    memory.parent.mkdir(parents=True)
+    memory.write_text("# Notes\nPrefer short answers.\n")
+    t = chat()
+    t.type("hello there")
+    t.expect(r"You said: hello there")
+    t.type("/handoff")
+    t.expect(r"accept, edit or reject\?")
+    t.type("r")
+    t.expect(r"handoff rejected: nothing changed")
+    assert memory.read_text() == "# Notes\nPrefer short answers.\n"
+    assert len(asyncio.run(stored_threads(home))) == 1
+    t.type("hello again")
+    t.expect(r"You said: hello again")  # the thread goes on
+
+    t.type("/handoff")
+    t.expect(r"accept, edit or reject\?")
+    t.type("e")
+    t.expect(r"edit the summary \(Esc Enter to save\)")
+    t.screen_shows(r"TL;DR")
+    t.send("\x1b[1;5F")  # Ctrl-End: to the end of the summary
+    t.send("\r- Also: try oolong.")
+    t.settle()
+    t.send("\x1b\r")  # Esc Enter saves
+    t.expect(r"continuing in a new thread")
+    text = memory.read_text()
+    assert text.startswith("# Notes\nPrefer short answers.\n")
+    assert "- Also: try oolong." in text and "### Tea research" in text
+
+
+def test_ctrl_c_cancels_the_reply_and_a_second_one_leaves(chat):
+    t = chat()
+    t.type("be slow")
+    t.expect(r"working…")
+    t.send("\x03")
+    t.expect(r"cancelling… \(Ctrl-C again to leave\)")
+    t.expect(r"cancelled")
+    t.type("hello again")
+    t.expect(r"agent › You said: hello again")
+    t.type("be slow once more")
+    t.expect(r"working…")
+    t.send("\x03")
+    t.expect(r"Ctrl-C again to leave")
+    t.send("\x03")
+    t.expect(rf"bye · thread {t.thread}")
+    assert t.wait_exit() == 0
+
+
+def test_a_tool_waiting_for_approval_is_rejected_then_approved(chat, home):
+    notes = home / "notes.txt"
+    notes.write_text("keep me")
+    t = chat()
+    t.type("delete notes")
+    t.expect(r"approval needed")
+    t.expect(r'"path": "notes.txt"')
+    t.expect(r"approve / edit / reject / respond\?")
+    t.type("r")
+    t.expect(r"reason \(optional\):")
+    t.type("I still need it")
+    t.expect(r"The tool said: User rejected the tool call for `?delete_file`? with reason: I still need it")
+    assert notes.exists()
+    t.type("delete notes")
+    t.expect(r"approve / edit / reject / respond\?")
+    t.type("a")
+    t.expect(r"The tool said: deleted notes\.txt")
+    assert not notes.exists()
+
+
+def test_a_background_task_can_be_cancelled(chat):
+    t = chat()
+    t.type("research it at a leisurely pace")
+    t.expect(r"I started a researcher on it in the background")
+    t.screen_shows(r"researcher\s+running")
+    t.type("/tasks")
+    task = t.expect(r"([0-9a-f]{8})\s+researcher\s+running").group(1)
+    t.type(f"/cancel {task}")
+    t.expect(rf"task {task} \(researcher\): cancelled")
+    t.screen_shows(r"researcher\s+cancelled")
+    t.type("/cancel zzz")
+    t.expect(rf"/cancel needs the id of one task of this thread \(known: {task}\)")
+    t.settle(1.0)
+    assert "📬" not in t.transcript  # a cancelled task does not report back
+
+
+def test_slash_commands_threads_resume_model_compact_and_hints(chat):
+    t = chat()
+    t.type("hello there")
+    t.expect(r"You said: hello there")
+    t.type("/hnadoff")
+    t.expect(r"unknown command /hnadoff: did you mean /handoff\? /help lists the commands")
+    t.type("/help")
+    t.expect(r"/handoff \[--preview \| --apply\]\s+continue in a new thread")
+    t.type("/new")
+    second = t.expect(r"new thread ([0-9a-f]{8})").group(1)
+    t.type("second thread here")
+    t.expect(r"You said: second thread here")
+    t.type("/compact")
+    t.expect(r"nothing to compact yet")
+    t.type("/threads")
+    t.expect(rf"●\s+{second}\s.*second thread here")
+    t.expect(rf"{t.thread}\s.*hello there")
+    t.type(f"/resume {t.thread}")
+    t.expect(r"you › hello there")
+    t.expect(r"agent › You said: hello there")
+    t.expect(rf"now in thread {t.thread}")
+    t.type("/resume ffffffff")
+    t.expect(r"no thread of agent starts with 'ffffffff'")
+    t.type("/model")
+    t.expect(r"model: chat_script:supervisor")
+    t.type("/model nope:thing")
+    t.expect(r"unknown provider 'nope'")
+    for i in range(3):
+        t.type(f"message {i}")
+        t.expect(rf"You said: message {i}")
+    t.type("/compact")
+    t.expect(r"compacted 2 messages into a summary; ≈\d+ → \d+ tokens")  # 8 messages, the last 6 kept
+    t.type("after compacting")
+    t.expect(r"You said: after compacting")
+
+
+def test_piped_input_works_without_a_terminal(home):
+    result = subprocess.run([str(BACKCHANNEL), "--store", f"sqlite:///{home}/state.db"], env=chat_env(home),
+                            input="hello there\n/quit\n", capture_output=True, text=True, timeout=60, cwd=home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "You said: hello there" in result.stdout and "bye · thread" in result.stdout

@@ -1,0 +1,105 @@
+"""The chat's configuration file: what it accepts, the agent it builds, and clear errors for bad files."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from terminal import BACKCHANNEL, chat_env, write_config
+
+from backchannel import ScriptedModel
+from backchannel.async_tasks import AsyncSubAgentMiddleware
+from backchannel.config import ChatConfig, ConfigError, build_chat_agent, load_config, load_model, resolve_model
+from backchannel.handoff import HandoffMiddleware
+from backchannel.hitl import HumanInTheLoop
+from backchannel.memory import AgentMemoryMiddleware
+from backchannel.runtime import LocalRuntime
+
+
+def test_no_file_means_defaults_and_a_named_file_must_exist(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_config() == ChatConfig()
+    assert ChatConfig().summarize_after == 170_000 and ChatConfig().agent == "agent"
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_a_full_file_is_read(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('agent = "helper"\nmodel = "openai:gpt-4o-mini"\ncompletion = "wait"\nsummarize_after = 5000\n'
+                    'approve_tools = ["send"]\n[[subagents]]\nname = "researcher"\ndescription = "d"\n'
+                    'background = true\ntimeout = 30\n')
+    config = load_config(path)
+    assert (config.agent, config.model, config.completion, config.summarize_after) == (
+        "helper", "openai:gpt-4o-mini", "wait", 5000)
+    assert config.subagents[0].name == "researcher" and config.subagents[0].timeout == 30
+
+
+@pytest.mark.parametrize("text, message", [
+    ('modle = "openai:gpt-4o"\n', r"unknown key 'modle' \(known keys: agent, model"),
+    ('completion = "sometimes"\n', r"completion: Input should be 'notify' or 'wait' \(got 'sometimes'\)"),
+    ('[[subagents]]\nname = "r"\ndescription = "d"\ntimeout = "soon"\n', r"subagents\[0\]\.timeout: "),
+    ('[[subagents]]\nname = "r"\n', r"subagents\[0\]\.description: Field required"),
+    ('[[subagents]]\nname = "r"\ndescription = "d"\ncolour = "red"\n', r"unknown key 'subagents\[0\]\.colour'"),
+    ('agent = "my/agent"\n', r"agent: 'my/agent' must be a plain name"),
+    ('model = "openai:gpt-4o\n', r"not valid TOML: .*line 1"),
+])
+def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, text, message):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(str(path))
+
+
+def test_the_command_reports_a_bad_file_and_exits_2(tmp_path):
+    write_config(tmp_path, '[[subagents]]\nname = "r"\ndescription = "d"\ntimeout = -1\n')
+    result = subprocess.run([str(BACKCHANNEL)], env=chat_env(tmp_path), capture_output=True, text=True,
+                            timeout=60, input="")
+    assert result.returncode == 2
+    assert "config.toml: subagents[0].timeout: Input should be greater than 0 (got -1)" in result.stderr
+
+
+def test_without_any_model_the_chat_says_how_to_configure_one(tmp_path):
+    result = subprocess.run([str(BACKCHANNEL), "chat"], env=chat_env(tmp_path), capture_output=True, text=True,
+                            timeout=60, input="")
+    assert result.returncode == 2 and "error: no model configured" in result.stderr
+
+
+def test_models_are_provider_names_or_objects_to_import(monkeypatch):
+    assert load_model("anthropic:claude-3-5-haiku-latest") == "anthropic:claude-3-5-haiku-latest"
+    assert isinstance(load_model("chat_script:researcher"), ScriptedModel)
+    with pytest.raises(ConfigError, match="unknown provider 'opnai'"):
+        load_model("opnai:gpt-4o")
+    monkeypatch.delenv("BACKCHANNEL_MODEL", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert resolve_model(None, "anthropic:x") == "anthropic:x"  # the configured model beats a key's default
+    assert resolve_model(None) == "openai:gpt-4o-mini"
+    monkeypatch.setenv("BACKCHANNEL_MODEL", "ollama:llama3.1")
+    assert resolve_model(None, "anthropic:x") == "ollama:llama3.1"
+    assert resolve_model("vllm:m", "anthropic:x") == "vllm:m"
+
+
+async def test_the_agent_has_its_subagents_memory_handoff_and_approvals(tmp_path):
+    config = ChatConfig.model_validate({
+        "agent": "helper", "approve_tools": ["delete_file"], "tools": ["chat_script:delete_file"],
+        "subagents": [{"name": "researcher", "description": "d", "model": "chat_script:researcher",
+                       "background": True}]})
+    model = ScriptedModel(["hi"], loop=True)
+    agent = build_chat_agent(config, model, home=tmp_path)
+    kinds = [type(m) for m in agent.middleware]
+    for kind in (AsyncSubAgentMiddleware, HandoffMiddleware, AgentMemoryMiddleware, HumanInTheLoop):
+        assert kind in kinds
+    memory = next(m for m in agent.middleware if isinstance(m, AgentMemoryMiddleware)).memory
+    assert memory.path == tmp_path / "agents" / "helper" / "agent.md"
+    assert agent.name == "helper" and "start_async_task" in {t.name for mw in agent.middleware for t in mw.tools}
+    async with LocalRuntime("memory", agents={"helper": agent}) as rt:
+        thread = (await rt.threads.create())["thread_id"]
+        other = ScriptedModel(["from the other model"], loop=True)
+        import chat_script
+
+        chat_script.other_model = other
+        values = await rt.runs.wait(thread, "helper", input={"messages": [{"role": "user", "content": "x"}]},
+                                    context={"model": "chat_script:other_model"})  # what /model sends
+        assert values["messages"][-1]["content"] == "from the other model" and model.calls == 0
