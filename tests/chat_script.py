@@ -74,3 +74,18 @@ def delete_file(path: str) -> str:
 supervisor = SlowWhenAsked([_supervisor], loop=True, name="scripted")
 researcher = SlowWhenAsked(["Tea was first drunk in China, about 2700 BC."], loop=True, latency=2.0,
                            name="scripted")
+
+
+def _served_agent():
+    """The chat's agent as a server serves it (``backchannel serve --agents chat_script:agent``)."""
+    from backchannel.config import ChatConfig, build_chat_agent
+
+    config = ChatConfig.model_validate({"subagents": [{"name": "researcher", "description": "Researches one subject",
+                                                       "model": "chat_script:researcher", "background": True}]})
+    return build_chat_agent(config, supervisor)
+
+
+def __getattr__(name):
+    if name == "agent":  # built on first use, so that importing the models alone builds no agent
+        return _served_agent()
+    raise AttributeError(name)

@@ -239,3 +239,57 @@ def test_piped_input_works_without_a_terminal(home):
                             input="hello there\n/quit\n", capture_output=True, text=True, timeout=60, cwd=home)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "You said: hello there" in result.stdout and "bye · thread" in result.stdout
+
+
+@pytest.fixture
+def server(home):
+    """``backchannel serve`` for the chat's agent, on a free loopback port, with its own home."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen([str(BACKCHANNEL), "serve", "--port", str(port), "--database",
+                                f"sqlite:///{home}/server.db", "--agents", "chat_script:agent"],
+                               env=chat_env(home), cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, "backchannel serve did not start"
+        time.sleep(0.05)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def test_the_chat_works_the_same_with_an_assistant_on_a_server(server, home):
+    t = Terminal(["chat", "--url", server], home)
+    try:
+        t.expect(rf"server: {server} · thread ([0-9a-f]{{8}})")
+        t.screen_shows(r"(?m)^›")
+        t.type("hello there")
+        t.expect(r"agent › You said: hello there")
+        t.type("please research tea")
+        t.expect(r"I started a researcher on it in the background")
+        t.screen_shows(r"researcher\s+running")
+        t.expect(r"📬 researcher finished: Tea was first drunk in China")  # the server woke the assistant
+        t.expect(r"agent › The researcher reports: Tea was first drunk in China")
+        t.screen_shows(r"researcher\s+success")
+        t.type("/handoff")
+        t.expect(r"accept, edit or reject\?")
+        t.type("a")
+        t.expect(r"continuing in a new thread")
+        t.type("where were we?")
+        t.expect(r"agent › From my notes: Tea research\.")
+        wait_until(lambda: "None recorded yet." in memory_file(home).read_text())  # the server's memory file
+        t.type("/quit")
+        assert t.wait_exit() == 0
+    finally:
+        t.close()

@@ -20,7 +20,6 @@ import difflib
 import json
 import signal
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any

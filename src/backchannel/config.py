@@ -26,7 +26,6 @@ A bad file is refused with a :class:`ConfigError` naming the file and the key.
 
 from __future__ import annotations
 
-import importlib
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -35,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backchannel._imports import import_object
 from backchannel.agent import Agent
 from backchannel.errors import BackchannelError
 from backchannel.messages import AIMessage
@@ -131,17 +131,13 @@ def resolve_model(flag: str | None, configured: str | None = None) -> str | None
 
 
 def load_object(reference: str, what: str) -> Any:
-    """The object ``module:attribute`` names."""
-    module, sep, attribute = reference.partition(":")
-    if not sep or not module or not attribute:
-        raise ConfigError(f"{what} {reference!r} should be 'module:attribute'")
+    """The object ``module:attribute`` names; a :class:`ConfigError` saying which setting if it names nothing."""
     try:
-        found: Any = importlib.import_module(module)
-        for part in attribute.split("."):
-            found = getattr(found, part)
+        return import_object(reference)
+    except ValueError:
+        raise ConfigError(f"{what} {reference!r} should be 'module:attribute'") from None
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"{what} {reference!r} cannot be loaded: {exc}") from None
-    return found
 
 
 def load_model(spec: str) -> Any:

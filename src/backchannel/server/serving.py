@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from backchannel._imports import import_object
 from backchannel.agent import Agent
 
 if TYPE_CHECKING:
@@ -29,15 +28,11 @@ def import_agents(specs: Sequence[str]) -> dict[str, Agent]:
     found: dict[str, Agent] = {}
     for spec in specs:
         graph_id, _, target = spec.rpartition("=")
-        module_name, _, attribute = target.partition(":")
-        if not module_name or not attribute:
+        attribute = target.partition(":")[2]
+        if not target.partition(":")[0] or not attribute:
             raise ValueError(f"--agents {spec!r}: expected [graph_id=]module:attribute, e.g. myapp.agents:supervisor")
-        if "" not in sys.path and os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())  # like uvicorn: modules next to where the command runs
         try:
-            value: Any = importlib.import_module(module_name)
-            for name in attribute.split("."):
-                value = getattr(value, name)
+            value = import_object(target)
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"--agents {spec!r}: cannot load {target}: {exc}") from exc
         if isinstance(value, Mapping):
