@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import os
 import sys
-import webbrowser
 from collections.abc import Sequence
 from typing import Any
 
@@ -189,11 +188,11 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     agents = import_agents(args.agents)
     demo_page = None
     if args.demo:
-        from backchannel.demo import DEFAULT_PROMPT, build_demo
-        from backchannel.server.demo_page import DemoPage
+        from backchannel.demo import build_demo
+        from backchannel.server import DemoPage
 
         agents["supervisor"] = build_demo(model)
-        demo_page = DemoPage("supervisor", model, DEFAULT_PROMPT)
+        demo_page = DemoPage("supervisor", model)
     if not agents:
         if model is None:
             console.print("[red]nothing to serve:[/] pass --agents module:attr, --demo, or a --model for a "
@@ -216,14 +215,17 @@ def run_demo_web(prompt: str, model: str | None, store: str, port: int, open_bro
                  console: Console) -> int:
     """The demo as a web page on this machine: a chat with the supervisor and live subagent cards."""
     from backchannel.demo import build_demo
-    from backchannel.server import serve
-    from backchannel.server.demo_page import DemoPage
+    from backchannel.server import DemoPage, serve
 
     page = DemoPage("supervisor", model, prompt)
     url = f"http://127.0.0.1:{port}/"
     console.print(Panel(f"[bold]backchannel demo[/] — open [bold]{url}[/] in a browser (Ctrl+C stops it)\n"
                         f"[dim]{escape(page.model_label)} · state: {escape(store)}[/]", border_style="blue"))
-    opener = (lambda: webbrowser.open(url)) if open_browser and _has_browser() else None
+    opener = None
+    if open_browser and _has_browser():
+        import webbrowser
+
+        opener = lambda: webbrowser.open(url)  # noqa: E731
     serve({"supervisor": build_demo(model)}, port=port, database=store, demo_page=page, log_level="warning",
           on_ready=opener)
     return 0

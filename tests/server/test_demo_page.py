@@ -22,8 +22,7 @@ from backchannel import ScriptedModel
 from backchannel.deep_agent import create_deep_agent
 from backchannel.demo import DEFAULT_PROMPT, build_demo
 from backchannel.runtime import LocalRuntime
-from backchannel.server import create_app, served
-from backchannel.server.demo_page import DemoPage
+from backchannel.server import DemoPage, create_app, served
 from backchannel.subagents import SubAgent
 
 LATENCY = 0.25  # the scripted models' time per reply: quick, yet each status lasts long enough to see
@@ -35,7 +34,7 @@ def demo_server(tmp_path: Path, agent: Any = None, *, page: DemoPage | None = No
     """A real server on loopback for ``agent`` (the offline demo by default) with the demo page."""
     runtime = LocalRuntime(f"sqlite:///{tmp_path / 'demo.db'}", {"supervisor": served(agent or build_demo(latency=LATENCY))})
     app = create_app(runtime, api_key=api_key, heartbeat=0.5, grace=1.0,
-                     demo_page=page or DemoPage("supervisor", None, DEFAULT_PROMPT))
+                     demo_page=page or DemoPage())
     with ThreadServer(app) as live:
         yield live
 
@@ -50,7 +49,7 @@ def test_the_api_alone_serves_no_page(server):
 
 
 def test_the_demo_page_and_its_files_are_served_beside_the_api(tmp_path):
-    page = DemoPage("supervisor", None, 'Compare "A" <and> B')
+    page = DemoPage(prompt='Compare "A" <and> B')
     with demo_server(tmp_path, page=page) as live:
         index = httpx.get(f"{live.url}/")
         assert index.status_code == 200 and index.headers["content-type"] == "text/html; charset=utf-8"
@@ -68,7 +67,7 @@ def test_the_demo_page_and_its_files_are_served_beside_the_api(tmp_path):
 
 
 def test_the_page_names_a_configured_model(tmp_path):
-    page = DemoPage("supervisor", "openai:gpt-4o-mini", DEFAULT_PROMPT)
+    page = DemoPage(model="openai:gpt-4o-mini")
     assert page.model_label == "model: openai:gpt-4o-mini"
     with demo_server(tmp_path, page=page) as live:
         index = httpx.get(f"{live.url}/").text

@@ -5,6 +5,7 @@ Needs the ``server`` extra (``pip install "backchannel[server]"``). Run it with
 """
 
 from backchannel.server.app import create_app
+from backchannel.server.demo_page import DemoPage
 from backchannel.server.serving import DEFAULT_PORT, import_agents, serve, served
 
-__all__ = ["DEFAULT_PORT", "create_app", "import_agents", "serve", "served"]
+__all__ = ["DEFAULT_PORT", "DemoPage", "create_app", "import_agents", "serve", "served"]

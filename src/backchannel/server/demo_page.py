@@ -20,6 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from backchannel.demo import DEFAULT_PROMPT
+
 __all__ = ["DemoPage"]
 
 _ASSETS = {"/demo/demo.css": ("demo.css", "text/css; charset=utf-8"),
@@ -32,11 +34,14 @@ def _asset(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DemoPage:
-    """The page for the assistant ``assistant_id``; ``model`` is the configured model, ``None`` when offline."""
+    """The page for the assistant ``assistant_id``; ``model`` is the configured model, ``None`` when offline.
+
+    ``prompt`` is the question the page suggests (``""`` for none).
+    """
 
     assistant_id: str = "supervisor"
     model: str | None = None
-    prompt: str = ""
+    prompt: str = DEFAULT_PROMPT
 
     @property
     def model_label(self) -> str:
