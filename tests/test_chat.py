@@ -224,7 +224,7 @@ def test_slash_commands_threads_resume_model_compact_and_hints(chat):
     t.type("/model")
     t.expect(r"model: chat_script:supervisor")
     t.type("/model nope:thing")
-    t.expect(r"unknown provider 'nope'")
+    t.expect(r"unknown model provider 'nope'")
     for i in range(3):
         t.type(f"message {i}")
         t.expect(rf"You said: message {i}")

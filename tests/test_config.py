@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from terminal import BACKCHANNEL, chat_env, write_config
@@ -10,6 +12,7 @@ from terminal import BACKCHANNEL, chat_env, write_config
 from backchannel import ScriptedModel
 from backchannel.async_tasks import AsyncSubAgentMiddleware
 from backchannel.config import ChatConfig, ConfigError, build_chat_agent, load_config, load_model, resolve_model
+from backchannel.errors import MiddlewareError
 from backchannel.handoff import HandoffMiddleware
 from backchannel.hitl import HumanInTheLoop
 from backchannel.memory import AgentMemoryMiddleware
@@ -96,10 +99,29 @@ async def test_the_agent_has_its_subagents_memory_handoff_and_approvals(tmp_path
     assert agent.name == "helper" and "start_async_task" in {t.name for mw in agent.middleware for t in mw.tools}
     async with LocalRuntime("memory", agents={"helper": agent}) as rt:
         thread = (await rt.threads.create())["thread_id"]
-        other = ScriptedModel(["from the other model"], loop=True)
-        import chat_script
+        with pytest.raises(MiddlewareError, match="unknown model provider 'chat_script'"):
+            # A run's context never makes the agent import code (a server's clients set it).
+            await rt.runs.wait(thread, "helper", input="x", context={"model": "chat_script:researcher"})
 
-        chat_script.other_model = other
-        values = await rt.runs.wait(thread, "helper", input={"messages": [{"role": "user", "content": "x"}]},
-                                    context={"model": "chat_script:other_model"})  # what /model sends
-        assert values["messages"][-1]["content"] == "from the other model" and model.calls == 0
+
+async def test_a_run_can_choose_its_model_by_provider_name(tmp_path, monkeypatch):
+    """What /model sends: the run's model calls go to the named provider (a loopback OpenAI-compatible server)."""
+    sys.path.insert(0, str(Path(__file__).parent / "models"))
+    from provider_fakes import FakeServer, openai_completion
+
+    fake = FakeServer().start()
+    try:
+        fake.reply(openai_completion("from the other model"))
+        monkeypatch.setenv("OPENAI_BASE_URL", f"{fake.url}/v1")
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        model = ScriptedModel(["from the configured model"], loop=True)
+        agent = build_chat_agent(ChatConfig(), model, home=tmp_path)
+        async with LocalRuntime("memory", agents={"agent": agent}) as rt:
+            thread = (await rt.threads.create())["thread_id"]
+            values = await rt.runs.wait(thread, "agent", input="hi", context={"model": "openai:gpt-other"})
+            assert values["messages"][-1]["content"] == "from the other model" and model.calls == 0
+            assert fake.last_body["model"] == "gpt-other"
+            values = await rt.runs.wait(thread, "agent", input="hi again")
+            assert values["messages"][-1]["content"] == "from the configured model"
+    finally:
+        fake.stop()

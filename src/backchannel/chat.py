@@ -47,7 +47,7 @@ COMMANDS: dict[str, str] = {
     "/cancel": "<task id>  cancel a background task",
     "/handoff": "[--preview | --apply]  continue in a new thread, seeded with a summary you approve",
     "/compact": "summarise the older messages now",
-    "/model": "[provider:name]  show or switch the model",
+    "/model": "[provider:name]  show or switch the model for the next replies",
     "/quit": "leave (background tasks resume next time)",
 }
 _ALIASES = {"/exit": "/quit", "/q": "/quit", "/?": "/help"}
@@ -496,10 +496,9 @@ class Chat:
         if not arg:
             self.console.print(f"model: {escape(self.model_override or self.model)}")
             return
-        from backchannel.config import load_model
         from backchannel.models import init_model
 
-        init_model(load_model(arg))  # a bad name fails here, not at the next message
+        init_model(arg)  # a bad name fails here, not at the next message
         self.model_override = arg
         note = "" if self.local else " (if the server's assistant allows choosing)"
         self.console.print(f"[dim]model for the next replies: {escape(arg)}{note}[/]")

@@ -163,7 +163,11 @@ def _tools(references: Sequence[str]) -> list[Any]:
 
 
 class ModelChoice(Middleware):
-    """Use the model a run names in its context (``context={"model": "provider:name"}``): the chat's ``/model``."""
+    """Use the model a run names in its context (``context={"model": "provider:name"}``): the chat's ``/model``.
+
+    Only ``provider:name`` models: a run's context comes from whoever starts the
+    run (on a server, any client), so it never makes the agent import code.
+    """
 
     def __init__(self) -> None:
         self._models: dict[str, Any] = {}
@@ -175,7 +179,7 @@ class ModelChoice(Middleware):
         if not name:
             return await handler(request)
         if name not in self._models:
-            self._models[name] = init_model(load_model(name))
+            self._models[name] = init_model(str(name))
         return await handler(request.override(model=self._models[name]))
 
 

@@ -440,6 +440,7 @@ class HandoffMiddleware(Middleware):
                  window: int = WINDOW, top_n: int = TOP_N, max_input_tokens: int = MAX_INPUT_TOKENS,
                  max_summary_tokens: int = MAX_SUMMARY_TOKENS, prompt: str = HANDOFF_PROMPT) -> None:
         self.model = model
+        self._summarizer: Any = None
         self.memory = memory if isinstance(memory, MemoryFile) else MemoryFile(memory)
         self.store = store
         if isinstance(mirror, SummaryMirror):
@@ -465,7 +466,9 @@ class HandoffMiddleware(Middleware):
                                    max_tokens=self.max_input_tokens)
         if not selected:
             return {"handoff_request": None, "handoff": {**base, "status": "empty"}, "jump_to": "end"}
-        generated = await generate_summary(self.model, selected, max_tokens=self.max_summary_tokens,
+        if self._summarizer is None:
+            self._summarizer = init_model(self.model)
+        generated = await generate_summary(self._summarizer, selected, max_tokens=self.max_summary_tokens,
                                            prompt=self.prompt)
         summary = structure_summary(generated.text)
         proposal = {**base, "status": "proposed", "handoff_id": str(uuid.uuid4()), "summary_json": summary,
