@@ -327,9 +327,10 @@ function addNotice(message) {
   el.dataset.taskId = note.task_id;
   el.appendChild(element("span", "dot"));
   el.appendChild(element("b", null, note.subagent));
-  el.appendChild(element("span", "verb", status === "complete" ? "reported back" : status === "waiting" ?
-    "needs input" : `ended: ${status}`));
-  const body = textOf(message.content).replace(/^(\[[^\]]*\])+\s*/, "").replace(/^(Completed\. Result: )(Findings: )?/, "");
+  el.appendChild(element("span", "verb", {complete: "reported back", waiting: "needs input", error: "failed"}[status] ||
+    status));
+  // "[task_id=…][subagent=…] Completed. Result: …" (or "Error: …", "Waiting for input: …"): what follows
+  const body = textOf(message.content).replace(/^(\[[^\]]*\])+\s*/, "").replace(/^(Completed\. Result|Error|Waiting for input): /, "");
   el.appendChild(element("span", "excerpt", body));
   el.title = "Show this task in the sidebar";
   el.addEventListener("click", () => focusCard(note.task_id));
