@@ -299,6 +299,36 @@ async def test_wait_mode_keeps_the_parents_run_going_until_every_task_reported()
     assert {t["status"] for t in state["async_tasks"].values()} == {"success"}
 
 
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_wait_mode_takes_completions_that_arrive_together_in_a_few_model_calls(store, tmp_path):
+    k = 40
+    batches = []  # new notifications per supervisor model call, once the tasks are started
+
+    def boss(request):
+        if isinstance(request.messages[-1], HumanMessage) and not is_note(request.messages[-1]):
+            return {"tool_calls": [start("researcher", f"job {i}", f"s{i}") for i in range(k)]}
+        news = 0
+        for m in reversed(request.messages):
+            if m.type == "ai":
+                break
+            news += is_note(m)
+        batches.append(news)
+        return "noted"
+
+    agent = create_deep_agent(policy(boss), subagents=[researcher(ScriptedModel(["done"], loop=True, latency=0.05))],
+                              general_purpose=False, completion="wait", max_concurrent_tasks=k)
+    url = "memory" if store == "memory" else f"sqlite:///{tmp_path}/state.db"
+    async with LocalRuntime(url, agents={"supervisor": agent}):
+        state = await agent.ainvoke("go", thread_id="t1")
+    ids = [n.additional_kwargs["task_notification"]["task_id"] for n in notes(state["messages"])]
+    assert len(ids) == len(set(ids)) == k  # each task once
+    assert sorted(ids) == sorted(state["async_tasks"])
+    assert {t["status"] for t in state["async_tasks"].values()} == {"success"}
+    # the 40 tasks end within a few ms of each other: the supervisor sees them in a few calls, each
+    # taking every completion that has arrived since the last one
+    assert sum(batches) == k and len([b for b in batches if b]) <= k // 4, batches
+
+
 async def test_wait_mode_ends_at_once_when_nothing_is_pending():
     agent = create_deep_agent(ScriptedModel(["nothing to wait for"]), subagents=[researcher(ScriptedModel([]))],
                               general_purpose=False, completion="wait")

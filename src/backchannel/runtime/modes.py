@@ -13,11 +13,11 @@ them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
 from backchannel.events import Event
 from backchannel.messages import AIMessage, message_to_dict
+from backchannel.runtime.storage import now_iso
 from backchannel.serde import to_jsonable
 
 __all__ = ["STREAM_MODES", "StreamMapper", "StreamPart", "interrupt_part", "wants_values"]
@@ -90,7 +90,7 @@ class StreamMapper:
             task = {"id": f"{event.run_id}:{self._step}", "name": node}
             yield "tasks", {**task, "input": None, "triggers": [f"branch:to:{node}"], "metadata": self._meta(event)}
             yield "tasks", {**task, "error": None, "result": result, "interrupts": []}
-            yield "debug", {"step": self._step, "timestamp": _now(), "type": "task_result",
+            yield "debug", {"step": self._step, "timestamp": now_iso(), "type": "task_result",
                             "payload": {**task, "error": None, "result": result, "interrupts": []}}
         if "messages" in self.modes:
             for result in update.values():
@@ -100,7 +100,7 @@ class StreamMapper:
 
     def _on_checkpoint(self, event: Event) -> Iterator[tuple[str, Any]]:
         yield "checkpoints", event.data
-        yield "debug", {"step": event.data.get("metadata", {}).get("step", self._step), "timestamp": _now(),
+        yield "debug", {"step": event.data.get("metadata", {}).get("step", self._step), "timestamp": now_iso(),
                         "type": "checkpoint", "payload": event.data}
 
     def _on_interrupt(self, event: Event) -> Iterator[tuple[str, Any]]:
@@ -196,5 +196,3 @@ def _chunk(message_id: str, data: dict[str, Any], agent: str) -> dict[str, Any]:
     return chunk
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()

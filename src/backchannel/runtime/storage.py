@@ -8,6 +8,7 @@ and each backend stores them its own way.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,9 +22,22 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointRow", "ItemRow", "RunEnd", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage"]
 
 
+_second: tuple[int, str] = (0, "")  # the last whole second asked for, formatted
+
+
 def now_iso() -> str:
-    """The current UTC time as ISO 8601, the format the LangGraph API uses."""
-    return datetime.now(timezone.utc).isoformat()
+    """The current UTC time as ISO 8601 with microseconds, the format the LangGraph API uses.
+
+    Every row written gets one, so the date part is formatted once a second.
+    """
+    global _second
+    now = time.time()
+    second, text = _second
+    if int(now) != second:
+        second = int(now)
+        text = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        _second = (second, text)
+    return f"{text}.{int((now - second) * 1_000_000):06d}+00:00"
 
 
 @dataclass(slots=True)
