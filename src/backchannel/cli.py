@@ -169,6 +169,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-auth", action="store_true", help="serve a non-loopback host without an API key")
     serve.add_argument("--public-url", default=None, help="where other servers reach this one")
     serve.add_argument("--grace", type=float, default=10.0, help="seconds running runs get to finish on stop")
+    serve.add_argument("--lease", type=float, default=30.0,
+                       help="with Postgres: seconds without a heartbeat before other servers take this one's runs")
     for p in (demo, run, threads):
         p.add_argument("--store", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
     for p in (chat, demo, run, serve):
@@ -207,7 +209,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     if demo_page is not None:
         console.print(f"demo page: [bold]http://{args.host}:{args.port}/[/] ({escape(demo_page.model_label)})")
     serve(agents, host=args.host, port=args.port, database=args.database, api_key=args.api_key,
-          public_url=args.public_url, grace=args.grace, demo_page=demo_page)
+          public_url=args.public_url, grace=args.grace, lease=args.lease, demo_page=demo_page)
     return 0
 
 

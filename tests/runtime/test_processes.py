@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 from collections import Counter, defaultdict
+from datetime import datetime, timezone
 
 import pytest
 
@@ -127,15 +128,19 @@ async def test_a_killed_process_s_runs_finish_on_the_others_once_each_in_order(t
         doomed = procs["w0"]
         _wait(lambda: sum(pid == doomed.pid and what == "start" for pid, what, *_ in _log(tmp_path)) >= 2, 20,
               "the first worker to be mid-run", procs.values())
-        doomed.send_signal(signal.SIGKILL)
-        doomed.wait(5)
-        killed_at = time.monotonic()
-
         storage = open_storage(postgres_url)
         await storage.open()
         try:
             run_ids = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in names}
             every = [r for ids in run_ids.values() for r in ids]
+            # what the doomed worker has in hand: queued or running, for nobody but it
+            dead_worker = next(w for w, (info, _) in (await storage.workers()).items() if info["pid"] == doomed.pid)
+            in_hand = [r for r in every if (row := await storage.get_run(r)).worker_id == dead_worker
+                       and row.status in ("pending", "running")]
+            killed = datetime.now(timezone.utc).isoformat()
+            doomed.send_signal(signal.SIGKILL)
+            doomed.wait(5)
+            killed_at = time.monotonic()
             deadline = time.monotonic() + 30
             while True:
                 rows = {r: await storage.get_run(r) for r in every}
@@ -145,9 +150,10 @@ async def test_a_killed_process_s_runs_finish_on_the_others_once_each_in_order(t
             assert Counter(row.status for row in rows.values()) == Counter({"success": len(every)})
             took = time.monotonic() - killed_at
             survivors = {w for w, (info, _) in (await storage.workers()).items() if info["pid"] != doomed.pid}
-            assert len(survivors) == 2
-            # the dead worker's runs finished on the others
-            assert {rows[r].worker_id for r in run_ids["w0"]} <= survivors
+            assert len(survivors) == 2 and dead_worker not in survivors
+            # the dead worker's runs finished on the others (but those it finished before it died)
+            assert all(rows[r].worker_id in survivors or rows[r].updated_at <= killed for r in in_hand)
+            assert any(rows[r].worker_id in survivors for r in in_hand)
             orders = {t: [r.run_id for r in reversed(await storage.list_runs(t, limit=100))] for t in threads}
             texts = {}
             for t in threads:

@@ -214,3 +214,11 @@ async def test_a_pending_run_is_dropped_only_while_pending(storage):
     assert await storage.drop_pending_run(doomed.run_id, "rollback", now_iso())
     assert await storage.get_run(doomed.run_id) is None
     assert not await storage.drop_pending_run(doomed.run_id, "rollback", now_iso())
+
+
+async def test_a_heartbeat_says_whether_the_worker_was_still_registered(storage):
+    assert not await storage.heartbeat("w", {"pid": 1}, now_iso())  # first registration
+    assert await storage.heartbeat("w", {"pid": 1}, now_iso())
+    await storage.forget_worker("w")  # others took it for dead
+    assert not await storage.heartbeat("w", {"pid": 1}, now_iso())
+    assert set(await storage.workers()) == {"w"}

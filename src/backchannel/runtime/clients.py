@@ -334,6 +334,8 @@ class RunsClient:
             await rt.storage.update_thread(thread_id, status="busy", metadata=thread.metadata,
                                            updated_at=row.created_at)
         await rt.storage.create_run(row)
+        if rt.peers is not None and any(r.worker_id != rt.worker_id for r in active):
+            rt.peers.queued(thread_id)  # behind another process's run: it says when that one ends
         if active and strategy in ("interrupt", "rollback"):
             # Newest first, so a queued run cannot start in the gap left by the running one.
             for other in reversed(active):

@@ -5,7 +5,8 @@ A storage backend that many processes share provides a :class:`Coordinator`
 runtimes keep their in-process paths. Over it, :class:`Peers` tells the other
 processes what they need to know:
 
-- ``kick``: a thread this process ran has runs queued by others, so their schedulers look now;
+- ``queued`` / ``kick``: a run was queued behind another process's run on the same thread; that
+  process says when its run has ended, so the queued one starts at once;
 - ``cancel``: stop a run that another process executes;
 - ``mail``: a thread's inbox has a message for the run another process executes on it;
 - ``watch`` / ``events`` / ``end``: somebody here follows a run executed elsewhere; its executor
@@ -38,6 +39,7 @@ __all__ = ["Coordinator", "Peers"]
 logger = logging.getLogger("backchannel")
 
 _WATCH_KEPT = 60.0  # seconds a watch for a run nobody here has started yet is remembered
+_AWAITED_KEPT = 10_000  # threads remembered as awaited elsewhere, at most
 _CHECK_EVERY = 1.0  # seconds between a follower's looks at a remote run's row (its executor may die)
 _ACTIVE = ("pending", "running")
 
@@ -67,6 +69,8 @@ class Peers:
         self.me = runtime.worker_id
         self._watched: dict[str, tuple[float, bool]] = {}  # run -> (when asked, wants values), not started here
         self._relays: dict[str, _Relay] = {}  # runs executed here that others follow
+        # Threads with runs queued elsewhere, maybe behind a run of this process (oldest first, bounded).
+        self._awaited: dict[str, None] = {}
         self._remote: dict[str, _Feed] = {}  # runs executed elsewhere that somebody here follows
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -92,6 +96,10 @@ class Peers:
     def kick(self) -> None:
         """Runs queued elsewhere may start now (a thread this process ran is free)."""
         self._send("kick")
+
+    def queued(self, thread_id: str) -> None:
+        """A run was queued here behind runs of other processes on ``thread_id``."""
+        self._send("queued", thread=thread_id)
 
     def cancel(self, run_id: str, action: str) -> None:
         self._send("cancel", run=run_id, action=action)
@@ -127,12 +135,13 @@ class Peers:
         if asked is not None:
             self._relay(row.run_id, stream, 0, asked[1])
 
-    async def run_ended(self, row: RunRow, status: str, error: dict[str, Any] | None) -> None:
+    def run_ended(self, row: RunRow, status: str, error: dict[str, Any] | None) -> None:
         """Tell the run's followers elsewhere, and the processes with runs queued behind it."""
         relay = self._relays.pop(row.run_id, None)
         if relay is not None:
             relay.close(status, error)
-        if any(r.worker_id != self.me for r in await self.runtime.storage.active_runs(row.thread_id)):
+        if row.thread_id in self._awaited:
+            del self._awaited[row.thread_id]
             self.kick()
 
     def _relay(self, run_id: str, stream: RunStream, after: int, values: bool) -> None:
@@ -157,6 +166,12 @@ class Peers:
     def _on_kick(self, message: dict[str, Any]) -> None:
         if message["w"] != self.me:
             self.runtime.kick()
+
+    def _on_queued(self, message: dict[str, Any]) -> None:
+        if message["w"] != self.me:
+            self._awaited[message["thread"]] = None
+            while len(self._awaited) > _AWAITED_KEPT:
+                del self._awaited[next(iter(self._awaited))]
 
     def _on_cancel(self, message: dict[str, Any]) -> None:
         self.runtime.cancel_local(message["run"], message["action"])

@@ -185,6 +185,8 @@ class LocalRuntime:
             self._opened = True
             self._background = [asyncio.create_task(self._schedule_forever()),
                                 asyncio.create_task(self._heartbeat_forever())]
+            if self.peers is not None:
+                self._background.append(asyncio.create_task(self._take_over_forever()))
             await self._recover()
             self.outbox.start()  # notifications for other servers left by the previous owner
 
@@ -239,11 +241,25 @@ class LocalRuntime:
         self.kick()
 
     async def _heartbeat_forever(self) -> None:
+        # A loop of its own, so no other work delays a heartbeat past the lease.
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
-            if self.peers is not None:  # a process sharing the database may have died: take its runs over
-                await self._recover(opening=False)
+            if not await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso()):
+                self._stop_runs_taken_over()
+
+    async def _take_over_forever(self) -> None:
+        """On a shared database: take over the runs of processes that died."""
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            await self._recover(opening=False)
+
+    def _stop_runs_taken_over(self) -> None:
+        """Other processes took this one for dead (it missed its heartbeats) and took its runs: stop them here."""
+        if self._tasks:
+            logger.warning("this runtime missed its heartbeats for %.0f s; %d runs it was running continue "
+                           "elsewhere", self.lease, len(self._tasks))
+        for task in self._tasks.values():
+            task.cancel()  # as when closing: the run's rows are left to their new owner
 
     # -- scheduling ----------------------------------------------------------
 
@@ -337,14 +353,16 @@ class LocalRuntime:
             await self._fail(row, "error", error)
         finally:
             self._tasks.pop(row.run_id, None)
-            self._inboxes.pop(row.thread_id, None)
+            inbox = self._inboxes.pop(row.thread_id, None)
+            if inbox is not None and inbox.drain():
+                has_mail = True  # it came as the run was ending, too late for it: a new run takes it
             self.kick()
         if row.kwargs.get("temporary"):
             await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
         self._retire(stream)
         if self.peers is not None:
-            await self.peers.run_ended(row, status, error)
+            self.peers.run_ended(row, status, error)
         if row.kwargs.get("webhook"):
             await self._call_webhook(row, stream, status, values, error)
         if status == "success" and has_mail and self._opened:  # mail came as the run finished: wake it

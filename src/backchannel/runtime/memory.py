@@ -203,8 +203,10 @@ class MemoryStorage(Storage):
 
     # -- workers
 
-    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None:
+    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> bool:
+        known = worker_id in self._workers
         self._workers[worker_id] = (self._workers.get(worker_id, (info, now))[0], now)
+        return known
 
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
         return dict(self._workers)

@@ -1,7 +1,7 @@
 """Postgres storage: one database shared by any number of runtimes, on any number of machines.
 
 ``LocalRuntime("postgresql://user:pass@host/db")``, with psycopg 3 (async, a
-connection pool) from the ``postgres`` extra. Tables live in the first schema of
+small connection pool) from the ``postgres`` extra. Tables live in the first schema of
 the connection's ``search_path``, so several deployments can share a database
 (``?options=-csearch_path%3Dmyapp``).
 
@@ -20,10 +20,10 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from psycopg import AsyncConnection, sql
-from psycopg_pool import AsyncConnectionPool
 
 from backchannel.messages import AnyMessage, message_from_dict
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
+from backchannel.runtime._pgpool import ConnectionPool
 from backchannel.runtime._rows import (
     JSON_FIELDS,
     SEP,
@@ -115,14 +115,13 @@ _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
 class PostgresStorage(Storage):
     """Storage in a Postgres database, through a pool of async psycopg connections."""
 
-    def __init__(self, url: str, *, min_connections: int = 1, max_connections: int = 10) -> None:
+    def __init__(self, url: str, *, max_connections: int = 10) -> None:
         self.url = _psycopg_url(url)
-        self.min_connections = min_connections
         self.max_connections = max_connections
-        self._pool: AsyncConnectionPool | None = None
+        self._pool: ConnectionPool | None = None
 
     @property
-    def pool(self) -> AsyncConnectionPool:
+    def pool(self) -> ConnectionPool:
         if self._pool is None:
             raise RuntimeError("the storage is not open")
         return self._pool
@@ -134,27 +133,30 @@ class PostgresStorage(Storage):
         # (the pool would retry until a timeout), and the schema is migrated before any use.
         async with await AsyncConnection.connect(self.url, autocommit=True) as conn:
             await _migrate(conn, _describe(self.url))
-        pool = AsyncConnectionPool(self.url, min_size=self.min_connections, max_size=self.max_connections,
-                                   kwargs={"autocommit": True}, open=False)
-        await pool.open(wait=True)
-        self._pool = pool
+        self._pool = ConnectionPool(self.url, self.max_connections)
 
     async def close(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
 
-    async def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        return await _whole(self._fetch(sql, params, "one"))
+    # Reads may be cut off by a cancellation (their connection is then dropped); writes finish first.
+
+    async def _one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> tuple[Any, ...] | None:
+        return await self._fetch(sql, params, "one")
 
     async def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return await _whole(self._fetch(sql, params, "all"))
+        return await self._fetch(sql, params, "all")
 
-    async def _write(self, sql: str, params: Sequence[Any] = ()) -> int:
+    async def _write(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
         """Run one statement; returns how many rows it changed."""
         return await _whole(self._fetch(sql, params, "rowcount"))
 
-    async def _fetch(self, sql: str, params: Sequence[Any], what: str) -> Any:
+    async def _write_one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> tuple[Any, ...] | None:
+        """Run one statement that changes rows and returns one."""
+        return await _whole(self._fetch(sql, params, "one"))
+
+    async def _fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any], what: str) -> Any:
         async with self.pool.connection() as conn:
             cursor = await conn.execute(sql, params)
             if what == "rowcount":
@@ -281,9 +283,12 @@ class PostgresStorage(Storage):
         return claimed
 
     async def finish_run(self, end: RunEnd) -> bool:
-        # One statement: the parts see the database as it was before it, hence "run_id <> the run".
+        # The updates in one statement (its parts see the database as it was before it, hence "run_id <>
+        # the run"); it locks the thread's row, as put_inbox does. The mail is looked for in a statement
+        # of its own, after: mail stored before the lock was taken is seen here, and whoever stores mail
+        # after it was released sees the run ended (and wakes the thread).
         checkpoint_id, stage = end.checkpoint_next or (None, None)
-        found = await self._one(
+        await self._write(
             "WITH r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s "
             "  WHERE run_id = %(run)s), "
             "t AS (UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s "
@@ -292,12 +297,14 @@ class PostgresStorage(Storage):
             "  WHERE thread_id = %(thread)s), "
             "c AS (UPDATE checkpoints SET next = %(stage)s WHERE thread_id = %(thread)s "
             "  AND checkpoint_id = %(checkpoint)s) "
-            "SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %(thread)s AND NOT delivered)",
+            "SELECT 1",
             {"status": end.status, "error": dump(end.error) if end.error else None, "at": end.updated_at,
              "run": end.run_id, "thread": end.thread_id, "thread_status": end.thread_status,
              "thread_error": dump(end.thread_error) if end.thread_error else None,
              "interrupts": None if end.interrupts is None else dump(end.interrupts),
              "stage": stage, "checkpoint": checkpoint_id})
+        found = await self._one("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %s AND NOT delivered)",
+                                (end.thread_id,))
         return bool(found and found[0])
 
     async def drop_pending_run(self, run_id: str, action: str, now: str) -> bool:
@@ -307,22 +314,23 @@ class PostgresStorage(Storage):
                                       "WHERE run_id = %s AND status = 'pending'", (now, run_id)))
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
-        rows = await self._all(
+        rows = await _whole(self._fetch(
             "UPDATE runs SET status = 'pending', worker_id = %s WHERE status IN ('pending', 'running') "
             "AND (worker_id IS NULL OR (NOT worker_id = ANY(%s) AND NOT EXISTS "
             f"(SELECT 1 FROM workers w WHERE w.worker_id = runs.worker_id))) RETURNING seq, {_RUN_COLUMNS}",
-            (new_worker_id, list(alive_workers)))
-        # RETURNING gives the rows as they were before the update; the caller wants them as found.
-        return [run_row(r[1:]) for r in sorted(rows)]
+            (new_worker_id, list(alive_workers)), "all"))
+        return [run_row(r[1:]) for r in sorted(rows)]  # in queue order
 
     def coordinator(self) -> PostgresCoordinator:
         return PostgresCoordinator(self)
 
     # -- workers
 
-    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None:
-        await self._write("INSERT INTO workers VALUES (%s, %s, %s) ON CONFLICT (worker_id) DO UPDATE "
-                          "SET heartbeat_at = excluded.heartbeat_at", (worker_id, dump(info), now))
+    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> bool:
+        found = await self._write_one(
+            "INSERT INTO workers VALUES (%s, %s, %s) ON CONFLICT (worker_id) DO UPDATE "
+            "SET heartbeat_at = excluded.heartbeat_at RETURNING xmax <> 0", (worker_id, dump(info), now))
+        return bool(found and found[0])  # xmax is set on a row the upsert updated, not on one it inserted
 
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
         rows = await self._all("SELECT worker_id, info, heartbeat_at FROM workers")
@@ -391,9 +399,14 @@ class PostgresStorage(Storage):
     # -- inbox
 
     async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
+        # Under the lock of the thread's row, as finish_run: a run ending meanwhile either sees this
+        # message, or has ended before the caller looks for an active run to give it to.
         return bool(await self._write(
-            "INSERT INTO inbox (thread_id, key, message, created_at) VALUES (%s, %s, %s, %s) "
-            "ON CONFLICT (thread_id, key) DO NOTHING", (thread_id, key, dumps(message), now)))
+            "WITH t AS (SELECT 1 FROM threads WHERE thread_id = %(thread)s FOR UPDATE) "
+            "INSERT INTO inbox (thread_id, key, message, created_at) "
+            "SELECT %(thread)s, %(key)s, %(message)s, %(now)s FROM (SELECT count(*) FROM t) AS locked "
+            "ON CONFLICT (thread_id, key) DO NOTHING",
+            {"thread": thread_id, "key": key, "message": dumps(message), "now": now}))
 
     async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         rows = await self._all("SELECT key, message FROM inbox WHERE thread_id = %s AND NOT delivered "

@@ -310,9 +310,12 @@ class SQLiteStorage(Storage):
 
     # -- workers
 
-    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None:
-        self.writer.execute("INSERT INTO workers VALUES (?,?,?) ON CONFLICT(worker_id) DO UPDATE "
-                        "SET heartbeat_at = excluded.heartbeat_at", (worker_id, dump(info), now))
+    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> bool:
+        db = self.writer
+        if db.execute("UPDATE workers SET heartbeat_at = ? WHERE worker_id = ?", (now, worker_id)).rowcount:
+            return True
+        db.execute("INSERT INTO workers VALUES (?,?,?)", (worker_id, dump(info), now))
+        return False
 
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
         rows = self.db.execute("SELECT worker_id, info, heartbeat_at FROM workers").fetchall()

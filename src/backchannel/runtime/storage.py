@@ -213,7 +213,12 @@ class Storage(abc.ABC):
 
     # -- workers (who is alive, for crash recovery)
     @abc.abstractmethod
-    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> None: ...
+    async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> bool:
+        """Register the worker, or renew its registration; ``True`` if it was registered already.
+
+        ``False`` after the first heartbeat means other workers took it for dead (and
+        gave its runs to themselves).
+        """
 
     @abc.abstractmethod
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:

@@ -1,0 +1,149 @@
+"""Scaling out: one-step runs per second through the HTTP API with 1, 2 and 4 server processes on one Postgres.
+
+Every configuration serves the same one-step agent (the model answers at once: only servers, runtimes
+and storage are timed) with ``backchannel serve --database <url>`` processes on loopback ports, all on
+one fresh Postgres schema; SQLite with one process is the baseline. The load is 64 concurrent clients in
+all, split evenly over the processes (``wrk``, one per process, each looping ``POST /threads/{new id}/
+runs/wait``; ``apt-get install wrk``). Printed: runs/s per configuration, the scaling factor from 1 to 2 and 1 to 4 processes, and
+Postgres with one process as a share of SQLite.
+
+Targets: ≥ 1.6× from 1 to 2 processes; Postgres with one process ≥ 50 % of SQLite's throughput.
+Postgres comes from ``--postgres URL`` or ``BACKCHANNEL_TEST_POSTGRES`` (``.ci/run`` shows how to start a
+throwaway one). Usage::
+
+    python bench/scale.py [--quick] [--json] [--postgres URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from server import (  # noqa: E402  (a sibling script, not a package)
+    BACKCHANNEL_AGENT, USER, WRK_SCRIPT, _process, free_port, wait_until_up)
+from step_overhead import emit_report  # noqa: E402
+
+CLIENTS = 64
+PROCESSES = (1, 2, 4)
+TARGETS = {"scaling_1_to_2": 1.6, "postgres_share_of_sqlite": 0.5}
+
+
+@contextmanager
+def servers(workdir: Path, database: str, count: int):
+    """``count`` server processes on ``database``; yields their URLs."""
+    (workdir / "bench_agents.py").write_text(BACKCHANNEL_AGENT)
+    urls = []
+    with ExitStack() as stack:
+        for i in range(count):
+            port = free_port()
+            log = workdir / f"server-{i}.log"
+            command = [sys.executable, "-m", "backchannel.cli", "serve", "--port", str(port), "--agents",
+                       "echo=bench_agents:agent", "--database", database]
+            process = stack.enter_context(_process(command, workdir, log))
+            url = f"http://127.0.0.1:{port}"
+            wait_until_up(url, process, log)
+            urls.append(url)
+        yield urls
+
+
+@contextmanager
+def fresh_schema(base: str):
+    """A URL whose tables go to a new schema of the Postgres at ``base``, dropped afterwards."""
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def throughput(urls: list[str], seconds: float) -> float:
+    """Runs per second with ``CLIENTS`` clients split over ``urls``, after a warm-up on each."""
+    for url in urls:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            for _ in range(20):
+                http.post(f"/threads/{uuid.uuid4()}/runs/wait", json={
+                    "assistant_id": "echo", "input": USER, "if_not_exists": "create"}).raise_for_status()
+    wrk = shutil.which("wrk")
+    if wrk is None:  # a Python client on the same two cores would measure itself, not the servers
+        raise SystemExit("bench/scale.py needs wrk: apt-get install wrk")
+    per_server = CLIENTS // len(urls)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(WRK_SCRIPT)
+        script.flush()
+        loads = [subprocess.Popen([wrk, "-t1", f"-c{per_server}", f"-d{seconds:.0f}s", "-s", script.name, url],
+                                  stdout=subprocess.PIPE, text=True) for url in urls]
+        outputs = [load.communicate()[0] for load in loads]
+    for output in outputs:
+        if "Non-2xx" in output:
+            raise RuntimeError(f"runs failed under load:\n{output}")
+    return sum(float(next(line.split()[1] for line in output.splitlines() if line.startswith("Requests/sec:")))
+               for output in outputs)
+
+
+def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:
+    results: dict[str, Any] = {"sqlite": {}, "postgres": {}}
+    configurations = [("sqlite", 1)] + ([("postgres", n) for n in PROCESSES] if postgres else [])
+    for _ in range(repeats):  # interleaved, so a busy moment of the machine does not fall on one configuration
+        for store, count in configurations:
+            print(f"… {store}, {count} process{'es' if count > 1 else ''}", file=sys.stderr, flush=True)
+            with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, ExitStack() as stack:
+                database = (f"sqlite:///{tmp}/state.db" if store == "sqlite"
+                            else stack.enter_context(fresh_schema(postgres)))
+                with servers(Path(tmp), database, count) as urls:
+                    rate = throughput(urls, seconds)
+            results[store][count] = max(results[store].get(count, 0.0), rate)
+    if not postgres:
+        results["postgres"] = {"missing": "no Postgres: pass --postgres URL or set BACKCHANNEL_TEST_POSTGRES"}
+    return results
+
+
+def render(results: dict[str, Any], out: Any) -> None:
+    sqlite, pg = results["sqlite"], results["postgres"]
+    print(f"\nOne-step runs/s through the HTTP API, {CLIENTS} concurrent clients (wrk), best of the samples",
+          file=out)
+    print(f"{'':<28}{'runs/s':>10}{'vs 1 process':>14}", file=out)
+    print(f"{'SQLite, 1 process':<28}{sqlite[1]:>10,.0f}{'':>14}", file=out)
+    if "missing" in pg:
+        print(f"Postgres: not measured ({pg['missing']})", file=out)
+        return
+    for n in PROCESSES:
+        print(f"{f'Postgres, {n} process' + ('es' if n > 1 else ''):<28}{pg[n]:>10,.0f}{pg[n] / pg[1]:>13.2f}×",
+              file=out)
+    scaling, share = pg[2] / pg[1], pg[1] / sqlite[1]
+    print(f"scaling 1 → 2 processes: {scaling:.2f}× (target ≥ {TARGETS['scaling_1_to_2']}×); 1 → 4: "
+          f"{pg[4] / pg[1]:.2f}×", file=out)
+    print(f"Postgres, 1 process, as a share of SQLite: {share:.0%} (target ≥ "
+          f"{TARGETS['postgres_share_of_sqlite']:.0%})", file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter samples (about a minute)")
+    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout")
+    parser.add_argument("--postgres", default=os.environ.get("BACKCHANNEL_TEST_POSTGRES"),
+                        help="a Postgres URL (each configuration gets a fresh schema in it)")
+    args = parser.parse_args(argv)
+    results = run(args.postgres, 3.0 if args.quick else 8.0, 1 if args.quick else 3)
+    emit_report(results, [render], args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
