@@ -17,8 +17,9 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+import psycopg
 from psycopg import AsyncConnection, sql
 
 from backchannel.messages import AnyMessage, message_from_dict
@@ -119,6 +120,8 @@ class PostgresStorage(Storage):
         self.url = _psycopg_url(url)
         self.max_connections = max_connections
         self._pool: ConnectionPool | None = None
+        self._writes: list[_Write] = []  # queued for the next batch
+        self._writer: asyncio.Task[None] | None = None
 
     @property
     def pool(self) -> ConnectionPool:
@@ -136,11 +139,16 @@ class PostgresStorage(Storage):
         self._pool = ConnectionPool(self.url, self.max_connections)
 
     async def close(self) -> None:
+        if self._writer is not None:
+            await asyncio.wait([self._writer])  # the writes already made
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
 
-    # Reads may be cut off by a cancellation (their connection is then dropped); writes finish first.
+    # Reads may be cut off by a cancellation (their connection is then dropped). Writes are batched:
+    # those made in one event-loop tick go to the database together, in one transaction (one commit,
+    # and a round trip for all), one batch after the other so they apply in the order they were made.
+    # A writer gets its answer once its batch is committed; a cancelled writer's write still happens.
 
     async def _one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> tuple[Any, ...] | None:
         return await self._fetch(sql, params, "one")
@@ -150,11 +158,27 @@ class PostgresStorage(Storage):
 
     async def _write(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
         """Run one statement; returns how many rows it changed."""
-        return await _whole(self._fetch(sql, params, "rowcount"))
+        return await self._queue(sql, params, "rowcount")
 
     async def _write_one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> tuple[Any, ...] | None:
         """Run one statement that changes rows and returns one."""
-        return await _whole(self._fetch(sql, params, "one"))
+        return await self._queue(sql, params, "one")
+
+    def _queue(self, sql: str, params: Sequence[Any] | Mapping[str, Any], what: str) -> asyncio.Future[Any]:
+        if self._pool is None:
+            raise RuntimeError("the storage is not open")
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._writes.append(_Write(sql, params, what, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._write_batches())
+        return done
+
+    async def _write_batches(self) -> None:
+        while self._writes:
+            await asyncio.sleep(0)  # the rest of this tick's writes join the batch
+            batch, self._writes = self._writes, []
+            async with self.pool.connection() as conn:
+                await _run_batch(conn, batch)
 
     async def _fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any], what: str) -> Any:
         async with self.pool.connection() as conn:
@@ -285,10 +309,10 @@ class PostgresStorage(Storage):
     async def finish_run(self, end: RunEnd) -> bool:
         # The updates in one statement (its parts see the database as it was before it, hence "run_id <>
         # the run"); it locks the thread's row, as put_inbox does. The mail is looked for in a statement
-        # of its own, after: mail stored before the lock was taken is seen here, and whoever stores mail
-        # after it was released sees the run ended (and wakes the thread).
+        # of its own, after it: mail stored before the lock was taken is seen there, and whoever stores
+        # mail after it was released sees the run ended (and wakes the thread).
         checkpoint_id, stage = end.checkpoint_next or (None, None)
-        await self._write(
+        updated = self._queue(
             "WITH r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s "
             "  WHERE run_id = %(run)s), "
             "t AS (UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s "
@@ -302,9 +326,11 @@ class PostgresStorage(Storage):
              "run": end.run_id, "thread": end.thread_id, "thread_status": end.thread_status,
              "thread_error": dump(end.thread_error) if end.thread_error else None,
              "interrupts": None if end.interrupts is None else dump(end.interrupts),
-             "stage": stage, "checkpoint": checkpoint_id})
-        found = await self._one("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %s AND NOT delivered)",
-                                (end.thread_id,))
+             "stage": stage, "checkpoint": checkpoint_id}, "rowcount")
+        # Queued at once, so it follows the update in the same batch (a statement, not a round trip, more).
+        found = await self._queue("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %s AND NOT delivered)",
+                                  (end.thread_id,), "one")
+        await updated
         return bool(found and found[0])
 
     async def drop_pending_run(self, run_id: str, action: str, now: str) -> bool:
@@ -314,11 +340,11 @@ class PostgresStorage(Storage):
                                       "WHERE run_id = %s AND status = 'pending'", (now, run_id)))
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
-        rows = await _whole(self._fetch(
+        rows = await self._queue(
             "UPDATE runs SET status = 'pending', worker_id = %s WHERE status IN ('pending', 'running') "
             "AND (worker_id IS NULL OR (NOT worker_id = ANY(%s) AND NOT EXISTS "
             f"(SELECT 1 FROM workers w WHERE w.worker_id = runs.worker_id))) RETURNING seq, {_RUN_COLUMNS}",
-            (new_worker_id, list(alive_workers)), "all"))
+            (new_worker_id, list(alive_workers)), "all")
         return [run_row(r[1:]) for r in sorted(rows)]  # in queue order
 
     def coordinator(self) -> PostgresCoordinator:
@@ -557,6 +583,44 @@ class PostgresCoordinator(Coordinator):
                 return
             message = json.loads(found[0])
         self._receive(message)
+
+
+class _Write(NamedTuple):
+    sql: str
+    params: Sequence[Any] | Mapping[str, Any]
+    what: str  # "rowcount", "one" or "all"
+    done: asyncio.Future[Any]
+
+
+async def _run_batch(conn: AsyncConnection[Any], batch: list[_Write]) -> None:
+    """Run a batch of writes in one transaction, pipelined; if one fails, each on its own (only it fails)."""
+    if len(batch) > 1:
+        try:
+            async with conn.pipeline(), conn.transaction():
+                cursors = [await conn.execute(w.sql, w.params) for w in batch]
+            results = [await _result(c, w.what) for c, w in zip(cursors, batch)]
+        except psycopg.Error:
+            pass
+        else:
+            for write, result in zip(batch, results):
+                if not write.done.done():
+                    write.done.set_result(result)
+            return
+    for write in batch:
+        try:
+            result = await _result(await conn.execute(write.sql, write.params), write.what)
+        except Exception as exc:
+            if not write.done.done():
+                write.done.set_exception(exc)
+        else:
+            if not write.done.done():
+                write.done.set_result(result)
+
+
+async def _result(cursor: Any, what: str) -> Any:
+    if what == "rowcount":
+        return cursor.rowcount
+    return await (cursor.fetchone() if what == "one" else cursor.fetchall())
 
 
 async def _whole(operation: Coroutine[Any, Any, T]) -> T:
