@@ -80,12 +80,15 @@ _TOKENS_PER_MESSAGE = 3.0
 _ROLES = {"human": "Human", "ai": "AI", "system": "System", "tool": "Tool"}
 
 
+_JSON = json.JSONEncoder(default=str)  # built once: json.dumps with options builds one per call
+
+
 def message_tokens(message: AnyMessage) -> float:
     """About how many tokens one message costs: its text, tool calls and name at ~4 characters a token."""
     content = message.content
-    chars = len(content) if isinstance(content, str) else len(json.dumps(content, default=str))
+    chars = len(content) if isinstance(content, str) else len(_JSON.encode(content))
     if isinstance(message, AIMessage) and message.tool_calls:
-        chars += len(json.dumps(message.tool_calls, default=str))
+        chars += len(_JSON.encode(message.tool_calls))
     if isinstance(message, ToolMessage):
         chars += len(message.tool_call_id)
     chars += len(message.name or "") + len(message.type)

@@ -81,6 +81,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE UNIQUE INDEX checkpoints_by_seq ON checkpoints(thread_id, seq)",
         "CREATE UNIQUE INDEX checkpoints_by_id ON checkpoints(thread_id, checkpoint_id)",
     ),
+    (
+        # Every step's checkpoint also went into this index, which only lookups by id used: those
+        # find the checkpoints through (thread_id, seq) instead, and a step writes a third less.
+        "DROP INDEX checkpoints_by_id",
+    ),
 )
 
 _OPEN: dict[str, weakref.WeakSet[SQLiteStorage]] = {}  # this process's open storages, by file
@@ -352,11 +357,7 @@ class SQLiteStorage(Storage):
         return [checkpoint_row(r) for r in rows]
 
     async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
-        head = await self.get_checkpoint(thread_id, checkpoint_id)
-        if head is None:
-            return []
-        rows = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND seq <= ? ORDER BY seq",
-                               (thread_id, head.seq)).fetchall()
+        rows = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? ORDER BY seq", (thread_id,)).fetchall()
         return checkpoint_chain(rows, checkpoint_id)
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
@@ -467,5 +468,3 @@ def _commit_and_close(db: sqlite3.Connection) -> None:
     if db.in_transaction:
         db.execute("COMMIT")
     db.close()
-
-
