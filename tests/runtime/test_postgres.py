@@ -45,3 +45,17 @@ async def test_a_database_that_cannot_be_reached_fails_to_open_with_its_error(po
         await asyncio.wait_for(storage.open(), 10)
     with pytest.raises(RuntimeError, match="not open"):
         await storage.get_thread("t")
+
+
+async def test_heartbeats_go_by_the_database_clock(postgres_url):
+    from datetime import datetime, timedelta, timezone
+
+    storage = open_storage(postgres_url)
+    await storage.open()
+    try:
+        # the caller's clock is far off: the heartbeat still counts as fresh, on the caller's own clock
+        await storage.heartbeat("w", {"pid": 1}, "2000-01-01T00:00:00+00:00")
+        (_, beat), = (await storage.workers()).values()
+        assert abs(datetime.now(timezone.utc) - datetime.fromisoformat(beat)) < timedelta(seconds=5)
+    finally:
+        await storage.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from datetime import datetime, timedelta, timezone
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -352,15 +353,20 @@ class PostgresStorage(Storage):
 
     # -- workers
 
+    # Heartbeats are stamped and aged by the database's clock, so the machines sharing it need not agree
+    # on the time: a worker's age is handed to the caller as a time on the caller's own clock.
+
     async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> bool:
         found = await self._write_one(
-            "INSERT INTO workers VALUES (%s, %s, %s) ON CONFLICT (worker_id) DO UPDATE "
-            "SET heartbeat_at = excluded.heartbeat_at RETURNING xmax <> 0", (worker_id, dump(info), now))
+            "INSERT INTO workers VALUES (%s, %s, now()::text) ON CONFLICT (worker_id) DO UPDATE "
+            "SET heartbeat_at = excluded.heartbeat_at RETURNING xmax <> 0", (worker_id, dump(info)))
         return bool(found and found[0])  # xmax is set on a row the upsert updated, not on one it inserted
 
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
-        rows = await self._all("SELECT worker_id, info, heartbeat_at FROM workers")
-        return {w: (json.loads(info), at) for w, info, at in rows}
+        rows = await self._all("SELECT worker_id, info, extract(epoch FROM now() - heartbeat_at::timestamptz) "
+                               "FROM workers")
+        here = datetime.now(timezone.utc)
+        return {w: (json.loads(info), (here - timedelta(seconds=float(age))).isoformat()) for w, info, age in rows}
 
     async def forget_worker(self, worker_id: str) -> None:
         await self._write("DELETE FROM workers WHERE worker_id = %s", (worker_id,))
