@@ -1,5 +1,7 @@
 """Checkpoints: one per step, deltas that grow linearly, reading earlier states, and forking from them."""
 
+import asyncio
+
 import pytest
 from runtime_helpers import contents, echo_agent, looping_agent, user
 
@@ -154,3 +156,54 @@ async def test_copy_of_a_thread_keeps_checkpoints_separate(make_runtime):
     await rt.runs.delete(tid, (await rt.runs.list(tid))[0]["run_id"])  # drops the original's checkpoints
     assert await rt.threads.get_history(tid) == []
     assert contents((await rt.threads.get_state(copy["thread_id"]))["values"]) == ["one", "echo: one"]
+
+
+async def test_a_supervisor_s_state_stays_cached_through_a_fan_out_of_its_tasks(make_runtime, monkeypatch):
+    from backchannel import ScriptedModel, tool
+    from backchannel.deep_agent import create_deep_agent
+    from backchannel.runtime import local
+    from backchannel.runtime.checkpoints import Checkpointer
+    from backchannel.subagents import SubAgent
+
+    monkeypatch.setattr(local, "IDLE_STATES_KEPT", 2)  # few idle threads' states kept: the tasks' would push it out
+    rebuilt = []
+    fold = Checkpointer.at
+
+    async def at(self, thread_id, checkpoint_id, reducers):
+        rebuilt.append(thread_id)
+        return await fold(self, thread_id, checkpoint_id, reducers)
+
+    monkeypatch.setattr(Checkpointer, "at", at)
+    k = 12
+
+    def boss(request):
+        if len(request.messages) == 1:
+            return {"tool_calls": [{"name": "start_async_task", "args": {"description": f"job {i}",
+                                                                         "subagent_type": "worker"}}
+                                   for i in range(k)]}
+        return "noted"
+
+    @tool
+    async def step() -> str:
+        """One step of the work."""
+        return "ok"
+
+    def work(request):  # three steps, then the answer: the tasks write many checkpoints meanwhile
+        steps = sum(1 for m in request.messages if m.type == "tool")
+        return {"tool_calls": [{"name": "step", "args": {}}]} if steps < 3 else "done"
+
+    worker = SubAgent("worker", "Works.", background=True, tools=[step],
+                      model=ScriptedModel([work], loop=True, latency=0.02))
+    agent = create_deep_agent(ScriptedModel([boss], loop=True), subagents=[worker], general_purpose=False,
+                              max_concurrent_tasks=k)
+    rt = await make_runtime({"supervisor": agent}, max_concurrency=k + 1)
+    await rt.runs.wait("boss", "supervisor", input=user("go"), if_not_exists="create")
+    for _ in range(200):  # every task reported back, each waking the supervisor's thread (notify mode)
+        children = await rt.threads.search(metadata={"parent_thread_id": "boss"}, limit=100)
+        if (len(children) == k and all(c["status"] == "idle" for c in children)
+                and not await rt.storage.active_runs("boss") and not await rt.storage.inbox("boss")):
+            break
+        await asyncio.sleep(0.02)
+    tasks = (await rt.threads.get_state("boss"))["values"]["async_tasks"]
+    assert len(tasks) == k and {t["status"] for t in tasks.values()} == {"success"}
+    assert "boss" not in rebuilt  # its wake-up runs found its state cached, not refolded from storage

@@ -22,7 +22,7 @@ from backchannel.state import MessageList, Reducer, apply_update
 
 __all__ = ["Checkpointer", "Recorder", "ThreadState"]
 
-_CACHE_SIZE = 512
+IDLE_STATES_KEPT = 512  # newest states cached beyond those of the runs executing
 
 
 @dataclass(slots=True)
@@ -49,8 +49,9 @@ def empty_state() -> dict[str, Any]:
 class Checkpointer:
     """Reads and writes checkpoints through a storage backend, caching each thread's newest state."""
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, *, cache_size: int = IDLE_STATES_KEPT) -> None:
         self.storage = storage
+        self.cache_size = cache_size
         self._latest: OrderedDict[str, ThreadState] = OrderedDict()
 
     async def latest(self, thread_id: str, reducers: Mapping[str, Reducer]) -> ThreadState:
@@ -80,8 +81,13 @@ class Checkpointer:
     def _remember(self, thread_id: str, state: ThreadState) -> None:
         self._latest[thread_id] = state
         self._latest.move_to_end(thread_id)
-        while len(self._latest) > _CACHE_SIZE:
+        while len(self._latest) > self.cache_size:
             self._latest.popitem(last=False)
+
+    def keep(self, thread_id: str) -> None:
+        """Mark the thread's cached state as recently used: a run is about to need it."""
+        if thread_id in self._latest:
+            self._latest.move_to_end(thread_id)
 
     def forget(self, thread_id: str) -> None:
         """Drop the cached state (after a rollback or delete rewrote history)."""

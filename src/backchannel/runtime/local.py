@@ -35,7 +35,7 @@ from backchannel.messages import (
     new_id,
     pending_tool_calls,
 )
-from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
+from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer, Recorder, ThreadState
 from backchannel.runtime.clients import render_run, resume_map
 from backchannel.runtime.coordination import Peers
 from backchannel.runtime.inbox import ThreadInbox
@@ -86,7 +86,9 @@ class LocalRuntime:
         from backchannel.runtime.outbox import Outbox
 
         self.storage = open_storage(store)
-        self.checkpoints = Checkpointer(self.storage)
+        # Running runs hold their threads' states anyway: cache those and as many idle ones, so a
+        # supervisor's state outlives a fan-out of max_concurrency tasks.
+        self.checkpoints = Checkpointer(self.storage, cache_size=max_concurrency + IDLE_STATES_KEPT)
         self.max_concurrency = max_concurrency
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
@@ -573,6 +575,9 @@ class LocalRuntime:
         await self.open()
         if not await self.storage.put_inbox(thread_id, key, message, now_iso()):
             return False
+        # The run that takes it will load the thread's state: keep it cached through a busy fan-out
+        # (rebuilding a supervisor's long state from its checkpoints costs far more).
+        self.checkpoints.keep(thread_id)
         inbox = self._inboxes.get(thread_id)
         if inbox is not None:
             inbox.push(key, message)
