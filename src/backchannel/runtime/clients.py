@@ -413,15 +413,15 @@ class RunsClient:
         if row.status in ("error", "timeout"):
             error = row.error or {}
             result = {"__error__": {"error": error.get("type", "Error"), "message": error.get("message", "")}}
-        else:
+        elif stream is not None and stream.final_values is not None:
+            result = to_jsonable(stream.final_values)  # this run's own end state, whatever queued run came next
+            if stream.interrupts:
+                result["__interrupt__"] = [interrupt_part(i) for i in stream.interrupts]
+        else:  # a run that ended in another process, or before a restart
             thread = await self._rt.storage.get_thread(row.thread_id)
             if thread is None:
                 return {}
-            if stream is not None and stream.final_values is not None:
-                result = to_jsonable(stream.final_values)  # this run's own end state, whatever queued run came next
-            else:
-                state = await self._rt.threads._state(thread)
-                result = to_jsonable(state.values)
+            result = to_jsonable((await self._rt.threads._state(thread)).values)
             if thread.status == "interrupted" and thread.interrupts:
                 result["__interrupt__"] = [interrupt_part(i) for i in thread.interrupts]
         if row.kwargs.get("temporary"):

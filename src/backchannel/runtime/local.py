@@ -21,6 +21,7 @@ import socket
 import uuid
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -112,6 +113,9 @@ class LocalRuntime:
         self._wake = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[Any]] = set()  # webhooks and the outbox: not runs
+        # Runs created (or taken over) here that have not started: a run that ends makes the
+        # scheduler look for more only while some wait (others' runs are theirs to start).
+        self._unstarted: set[str] = set()
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self.assistants = AssistantsClient(self)
@@ -232,6 +236,7 @@ class LocalRuntime:
             await self.storage.forget_worker(dead)
         recovered = await self.storage.requeue_orphans(alive, self.worker_id)
         for row in recovered:
+            self._unstarted.add(row.run_id)
             await self.storage.update_thread(row.thread_id, status="busy")
         if opening or recovered:
             # Mail stored just before a crash, with no run left to take it.
@@ -286,6 +291,7 @@ class LocalRuntime:
 
     def _start(self, row: RunRow) -> None:
         stream = self._streams.get(row.run_id) or self.new_stream(row)
+        self._unstarted.discard(row.run_id)
         context = self._contexts.pop(row.run_id, None) or contextvars.copy_context()
         task = asyncio.create_task(self._execute(row, stream), context=context)
         self._tasks[row.run_id] = task
@@ -298,6 +304,7 @@ class LocalRuntime:
         stream = RunStream(row.run_id, resumable=resumable, watched=watched,
                            values=(resumable or watched) and wants_values(row.kwargs.get("stream_mode") or ()))
         self._streams[row.run_id] = stream
+        self._unstarted.add(row.run_id)
         return stream
 
     def _retire(self, stream: RunStream) -> None:
@@ -334,20 +341,25 @@ class LocalRuntime:
 
     async def _execute(self, row: RunRow, stream: RunStream) -> None:
         status, error, values, has_mail = "error", None, None, False
+        stored: str | None = "error"  # the run's status as stored (None: rolled back, gone)
         agent = self.graphs.get(self._graph_id_or_none(row.assistant_id) or "")
         try:
             if agent is None:
                 raise NotFoundError(f"assistant {row.assistant_id!r} is not registered in this runtime")
             state, result = await self._run_agent(row, agent, stream)
             status, values, has_mail = await self._finish(row, agent, state, result)
+            stored = "success"  # also when it paused for a human (see _finish)
+            stream.interrupts = [i.to_dict() for i in result.interrupts]
         except asyncio.CancelledError:
             action = self._cancel_actions.pop(row.run_id, None)
             if action is None:  # the runtime is closing: leave the run to be resumed
                 stream.finish("interrupted")
                 raise
             status = await self._cancelled(row, action)
+            stored = None if action == "rollback" else "interrupted"
         except TimeoutError:
             status, error = "timeout", {"type": "TimeoutError", "message": "the run exceeded its timeout"}
+            stored = status
             await self._fail(row, status, error)
         except Exception as exc:
             error = describe_error(exc)
@@ -358,7 +370,12 @@ class LocalRuntime:
             inbox = self._inboxes.pop(row.thread_id, None)
             if inbox is not None and inbox.drain():
                 has_mail = True  # it came as the run was ending, too late for it: a new run takes it
-            self.kick()
+            if self._unstarted:
+                self.kick()
+        # Joiners read how the run ended from its stream, not from storage.
+        stream.final_values = values
+        if stored is not None:
+            stream.final_row = replace(row, status=stored, error=error, updated_at=now_iso())
         if row.kwargs.get("temporary"):
             await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
@@ -372,7 +389,7 @@ class LocalRuntime:
 
     async def _call_webhook(self, row: RunRow, stream: RunStream, status: str, values: dict[str, Any] | None,
                             error: dict[str, Any] | None) -> None:
-        final = await self.storage.get_run(row.run_id) or stream.final_row
+        final = stream.final_row
         if final is None:
             return  # rolled back: the run is gone
         payload = {**render_run(final), "status": status, "values": to_jsonable(values) if values else None,
@@ -474,10 +491,8 @@ class LocalRuntime:
 
     async def _drop_temporary(self, row: RunRow, stream: RunStream) -> None:
         """A stateless run's thread goes when the run ends; joiners get the result kept on its stream."""
-        final = await self.storage.get_run(row.run_id)
-        if final is not None:
-            stream.final_row = final
-            stream.result = await self.runs._result(final)  # this deletes the thread
+        if stream.final_row is not None:
+            stream.result = await self.runs._result(stream.final_row)  # this deletes the thread
         else:
             await self.storage.delete_thread(row.thread_id)
             self.checkpoints.forget(row.thread_id)
@@ -523,6 +538,7 @@ class LocalRuntime:
                     await self.wait_for(row.run_id)
             return
         if row.status == "pending":
+            self._unstarted.discard(row.run_id)
             if not await self.storage.drop_pending_run(row.run_id, action, now_iso()):
                 fresh = await self.storage.get_run(row.run_id)  # it started meanwhile
                 if fresh is not None and fresh.status in ("pending", "running"):
@@ -554,7 +570,7 @@ class LocalRuntime:
         stream = self._streams.get(run_id)
         if stream is not None:
             await stream.wait()
-            if stream.final_row is not None:  # a stateless run, its thread already deleted
+            if stream.final_row is not None:  # ended here: no need to read it back
                 return stream.final_row
         while True:
             row = await self.storage.get_run(run_id)

@@ -30,8 +30,10 @@ class RunStream:
         self.error: dict[str, Any] | None = None
         self.final_values: dict[str, Any] | None = None
         self.exception: BaseException | None = None  # the agent's own error, for in-process callers
-        # A stateless run's final row and result, kept here once its temporary thread is deleted.
+        # How the run ended, for joiners: its row as stored, the interrupts it paused on, and for
+        # a stateless run (its thread deleted) its whole result.
         self.final_row: Any = None
+        self.interrupts: list[dict[str, Any]] = []
         self.result: dict[str, Any] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._recording = False
