@@ -268,7 +268,7 @@ def tool(
     An ``async def`` function runs on the event loop. A plain ``def`` function
     runs in a worker thread, so a slow or blocking one (a network call, a file,
     a subprocess) never stalls the other runs and subagents sharing the loop;
-    the hop to the thread and back costs a few tens of µs. ``inline=True`` runs
+    the hop to the thread and back costs 30-150 µs. ``inline=True`` runs
     a sync function on the event loop instead, for one that returns at once
     (pure computation, no I/O, no sleeping): it then costs about as much as an
     async tool. An inline function that blocks, blocks every run in the process.
