@@ -58,21 +58,6 @@ def servers(workdir: Path, database: str, count: int):
         yield urls
 
 
-@contextmanager
-def fresh_schema(base: str):
-    """A URL whose tables go to a new schema of the Postgres at ``base``, dropped afterwards."""
-    import psycopg
-
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
 def throughput(urls: list[str], seconds: float) -> float:
     """Runs per second with ``CLIENTS`` clients split over ``urls``, after a warm-up on each."""
     for url in urls:
@@ -99,13 +84,15 @@ def throughput(urls: list[str], seconds: float) -> float:
 
 def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:
     results: dict[str, Any] = {"sqlite": {}, "postgres": {}}
+    if postgres:
+        from backchannel.runtime.postgres import scratch_schema  # psycopg only when there is a Postgres
     configurations = [("sqlite", 1)] + ([("postgres", n) for n in PROCESSES] if postgres else [])
     for _ in range(repeats):  # interleaved, so a busy moment of the machine does not fall on one configuration
         for store, count in configurations:
             print(f"… {store}, {count} process{'es' if count > 1 else ''}", file=sys.stderr, flush=True)
             with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, ExitStack() as stack:
                 database = (f"sqlite:///{tmp}/state.db" if store == "sqlite"
-                            else stack.enter_context(fresh_schema(postgres)))
+                            else stack.enter_context(scratch_schema(postgres, "bench")))
                 with servers(Path(tmp), database, count) as urls:
                     rate = throughput(urls, seconds)
             results[store][count] = max(results[store].get(count, 0.0), rate)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -36,14 +35,7 @@ def postgres_server() -> str:
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A URL whose tables go to a fresh schema of the test Postgres, dropped after the test."""
-    import psycopg
+    from backchannel.runtime.postgres import scratch_schema
 
-    base = postgres_server()
-    schema = f"test_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    with scratch_schema(postgres_server(), "test") as url:
+        yield url

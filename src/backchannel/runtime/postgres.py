@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import psycopg
@@ -50,7 +52,7 @@ from backchannel.runtime.storage import (
 )
 from backchannel.serde import dumps
 
-__all__ = ["PostgresCoordinator", "PostgresStorage"]
+__all__ = ["PostgresCoordinator", "PostgresStorage", "scratch_schema"]
 
 logger = logging.getLogger("backchannel")
 
@@ -112,6 +114,19 @@ _THREAD_LOCK = 0x6263_0002
 _KEY_LOCK = 0x6263_0003
 _NOTIFY_LIMIT = 7900  # bytes: Postgres refuses a NOTIFY payload of 8000 or more
 _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
+
+
+@contextmanager
+def scratch_schema(url: str, prefix: str = "scratch") -> Iterator[str]:
+    """A URL whose tables go to a new schema of the database at ``url``, dropped afterwards (tests, benchmarks)."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 class PostgresStorage(Storage):
