@@ -52,6 +52,11 @@ class CommandModel(BaseChatModel):
         return self
 
 
+def started_task(said: str) -> str:
+    """The task id in start_async_task's answer ("Launched async subagent. task_id: ...")."""
+    return re.search(r"task_id: (\S+)", said).group(1)
+
+
 @pytest.fixture
 def supervisor(server):
     agent = deepagents.create_deep_agent(model=CommandModel(), checkpointer=InMemorySaver(), subagents=[
@@ -69,14 +74,14 @@ def supervisor(server):
 
 async def test_start_check_update_list_and_cancel(supervisor, client):
     said, tasks = await supervisor("start_async_task", description="hello there", subagent_type="echoer")
-    echo_id = re.search(r"task_id: (\S+)", said).group(1)
+    echo_id = started_task(said)
     await client.runs.join(echo_id, tasks[echo_id]["run_id"])
     said, tasks = await supervisor("check_async_task", task_id=echo_id)
     assert tasks[echo_id]["status"] == "success"
     assert "echo: hello there" in said
 
     said, tasks = await supervisor("start_async_task", description="the meaning of life", subagent_type="ponderer")
-    slow_id = re.search(r"task_id: (\S+)", said).group(1)
+    slow_id = started_task(said)
     first_run = tasks[slow_id]["run_id"]
     said, tasks = await supervisor("check_async_task", task_id=slow_id)
     assert tasks[slow_id]["status"] in ("pending", "running")
@@ -96,7 +101,7 @@ async def test_start_check_update_list_and_cancel(supervisor, client):
 
 async def test_a_subagent_waiting_for_approval_is_waiting_not_cancelled(supervisor, client):
     said, tasks = await supervisor("start_async_task", description="hi Ada", subagent_type="mailer")
-    task_id = re.search(r"task_id: (\S+)", said).group(1)
+    task_id = started_task(said)
     await client.runs.join(task_id, tasks[task_id]["run_id"])
     said, tasks = await supervisor("check_async_task", task_id=task_id)
     assert tasks[task_id]["status"] == "waiting"
