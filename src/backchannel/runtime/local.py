@@ -111,7 +111,8 @@ class LocalRuntime:
         self._contexts: dict[str, contextvars.Context] = {}
         self._cancel_actions: dict[str, str] = {}
         self._wake = asyncio.Event()
-        self._background: list[asyncio.Task[None]] = []
+        self._background: list[asyncio.Task[None]] = []  # the scheduler, heartbeats, take-overs
+        self._scheduler: asyncio.Task[None] | None = None
         self._side_tasks: set[asyncio.Task[Any]] = set()  # webhooks and the outbox: not runs
         # Runs created (or taken over) here that have not started: a run that ends makes the
         # scheduler look for more only while some wait (others' runs are theirs to start).
@@ -189,8 +190,8 @@ class LocalRuntime:
                 self.peers = Peers(self, coordinator)
                 await self.peers.start()
             self._opened = True
-            self._background = [asyncio.create_task(self._schedule_forever()),
-                                asyncio.create_task(self._heartbeat_forever())]
+            self._scheduler = asyncio.create_task(self._schedule_forever())
+            self._background = [self._scheduler, asyncio.create_task(self._heartbeat_forever())]
             if self.peers is not None:
                 self._background.append(asyncio.create_task(self._take_over_forever()))
             await self._recover()
@@ -203,9 +204,9 @@ class LocalRuntime:
         """
         if not self._opened:
             return
-        scheduler = self._background[0]
-        scheduler.cancel()
-        await asyncio.gather(scheduler, return_exceptions=True)
+        assert self._scheduler is not None
+        self._scheduler.cancel()  # first, so no new run starts during the grace period
+        await asyncio.gather(self._scheduler, return_exceptions=True)
         if grace > 0 and self._tasks:
             await asyncio.wait(list(self._tasks.values()), timeout=grace)
         self._opened = False
