@@ -228,6 +228,8 @@ class Agent:
         ctx.emit("lifecycle", data)
 
     async def _loop(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str) -> None:
+        if not stage:
+            return  # resumed after its last step: only the run's end (on_end hooks) is left
         name, _, index = stage.partition(":")
         start = int(index or 0)
         model_calls = 0
@@ -245,8 +247,10 @@ class Agent:
                 if model_calls > self.max_iterations:
                     raise MaxIterationsError(self.max_iterations)
                 message = await self._call_model(plan, state, ctx)
-                await self._apply(plan, state, ctx, "model", {"messages": [message]}, "after_model")
-                name = "after_model"
+                name = _stage_after_reply(plan, message)
+                await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)
+                if not name:
+                    return
             elif name == "after_model":
                 jump = await self._run_hooks(plan, "after_model", state, ctx, start)
                 if jump:
@@ -546,6 +550,19 @@ def _to_tool(obj: Any) -> Tool:
 def _last_id(state: Mapping[str, Any]) -> str:
     messages = state.get("messages")
     return messages[-1].id if messages else ""
+
+
+def _stage_after_reply(plan: _Plan, message: AIMessage) -> str:
+    """Where the run goes after the model's reply ("" when nothing is left to run).
+
+    Decided before the reply is recorded, so its checkpoint names the real next
+    step: a final reply's checkpoint then needs no rewrite when the run ends.
+    """
+    if plan.hooks["after_model"]:
+        return "after_model"
+    if message.tool_calls or message.invalid_tool_calls:
+        return "tools"
+    return "after_agent" if plan.hooks["after_agent"] else ""
 
 
 def _last_ai(messages: Sequence[AnyMessage]) -> AIMessage | None:

@@ -242,7 +242,7 @@ def _server_extra_missing() -> str | None:
     """What to install when the ``server`` extra is missing, else ``None``."""
     import importlib.util
 
-    if all(importlib.util.find_spec(name) for name in ("starlette", "uvicorn", "orjson")):
+    if all(importlib.util.find_spec(name) for name in ("starlette", "uvicorn")):
         return None
     return "the server needs the server extra: pip install \"backchannel[server]\""
 

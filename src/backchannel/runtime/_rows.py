@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, ThreadRow
+from backchannel.serde import json_text
 
 __all__ = ["JSON_FIELDS", "SEP", "LazyDelta", "checkpoint_chain", "checkpoint_row", "dump", "item_row",
            "matching_namespaces", "run_row", "thread_order", "thread_row"]
@@ -20,11 +21,12 @@ _THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
 JSON_FIELDS = frozenset({"metadata", "kwargs", "interrupts", "error"})  # row fields stored as JSON text
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)  # one for all calls: json.dumps makes one each
+_FALLBACK = json.JSONEncoder(separators=(",", ":"), default=str)  # one for all calls: json.dumps makes one each
 
 
 def dump(value: Any) -> str:
-    return _ENCODER.encode(value)
+    """JSON text of a row's field; objects JSON has no form for are saved as their ``str()``."""
+    return json_text(value, str, _FALLBACK)
 
 
 def thread_row(row: tuple[Any, ...]) -> ThreadRow:

@@ -117,6 +117,7 @@ class LocalRuntime:
         # Runs created (or taken over) here that have not started: a run that ends makes the
         # scheduler look for more only while some wait (others' runs are theirs to start).
         self._unstarted: set[str] = set()
+        self._waking: dict[str, str] = {}  # thread id -> the wake-up run queued or executing here
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self.assistants = AssistantsClient(self)
@@ -368,6 +369,8 @@ class LocalRuntime:
             await self._fail(row, "error", error)
         finally:
             self._tasks.pop(row.run_id, None)
+            if self._waking.get(row.thread_id) == row.run_id:
+                del self._waking[row.thread_id]
             inbox = self._inboxes.pop(row.thread_id, None)
             if inbox is not None and inbox.drain():
                 has_mail = True  # it came as the run was ending, too late for it: a new run takes it
@@ -420,7 +423,7 @@ class LocalRuntime:
             recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus,
                               pending=bool(pending), node_at=agent.node_at),
             inbox=inbox, resume=resume, pending_tools=pending, runtime=self)
-        if not stage:
+        if not stage and not resuming:  # nothing to run (a run resumed after its last step still ends: on_end)
             return state, RunResult("success", state.values)
         if kwargs.get("timeout"):
             ctx.deadline = asyncio.get_running_loop().time() + kwargs["timeout"]
@@ -614,6 +617,11 @@ class LocalRuntime:
                 inbox.push(key, message)
 
     async def _wake_thread(self, thread_id: str, assistant_id: str | None = None) -> None:
+        waking = self._waking.get(thread_id)
+        if self.peers is None and (waking in self._unstarted or waking in self._tasks):
+            # A wake-up run queued or executing here reads the stored mail as it starts (or has
+            # its inbox, and then deliver() gave the message to it).
+            return
         if any(r.thread_id == thread_id for r in await self.storage.active_runs(thread_id)):
             if self.peers is not None:  # its run may be executing in another process
                 self.peers.mail(thread_id)
@@ -624,7 +632,8 @@ class LocalRuntime:
         graph_id = assistant_id or thread.metadata.get("graph_id")
         if graph_id is None:
             raise InvalidRequestError(f"thread {thread_id!r} has never run an assistant; cannot wake it")
-        await self.runs.create(thread_id, graph_id, multitask_strategy="enqueue", _wake=True)
+        run = await self.runs.create(thread_id, graph_id, multitask_strategy="enqueue", _wake=True)
+        self._waking[thread_id] = run["run_id"]
 
     # -- the agent's thread API --------------------------------------------------
 
