@@ -11,6 +11,7 @@ from backchannel.summarization import (
     SUMMARY_PREFIX,
     SummarizationMiddleware,
     count_tokens_approximately,
+    message_tokens,
     safe_cutoff,
 )
 
@@ -44,6 +45,17 @@ def conversation(turns: int, size: int = 200) -> list:
 def test_tokens_are_counted_about_four_characters_each_from_objects_or_dicts():
     assert count_tokens_approximately([HumanMessage("x" * 400)]) == 100 + 3 + 2  # text, per message, role
     assert count_tokens_approximately([{"role": "user", "content": "x" * 400}]) == 105
+
+
+def test_tool_calls_count_by_their_repr_as_langchain_counts_them():
+    from langchain_core.messages import AIMessage as LangChainAIMessage
+
+    calls = [{"name": "search", "args": {"query": "weather in Zürich", "limit": 3}, "id": "call_1"},
+             {"name": "fetch", "args": {"url": "https://example.com"}, "id": "call_2"}]
+    ours = AIMessage("looking", tool_calls=[{**c, "type": "tool_call"} for c in calls])
+    theirs = repr(LangChainAIMessage("looking", tool_calls=calls).tool_calls)
+
+    assert message_tokens(ours) - message_tokens(AIMessage("looking")) == len(theirs) / 4
 
 
 async def test_below_the_threshold_nothing_is_summarised():

@@ -88,7 +88,7 @@ def message_tokens(message: AnyMessage) -> float:
     content = message.content
     chars = len(content) if isinstance(content, str) else len(_JSON.encode(content))
     if isinstance(message, AIMessage) and message.tool_calls:
-        chars += len(_JSON.encode(message.tool_calls))
+        chars += len(repr(message.tool_calls))  # as LangChain counts them
     if isinstance(message, ToolMessage):
         chars += len(message.tool_call_id)
     chars += len(message.name or "") + len(message.type)
