@@ -116,3 +116,24 @@ async def test_runtime_close_is_idempotent_and_reopenable(url):
     await rt.close()
     async with LocalRuntime(store=url, agents={"agent": echo_agent()}) as again:
         assert (await again.threads.get(thread["thread_id"]))["status"] == "idle"
+
+
+async def test_the_wal_is_copied_into_the_database_once_writes_pause(tmp_path):
+    from backchannel.runtime import sqlite
+
+    path = tmp_path / "state.db"
+    storage = SQLiteStorage(str(path))
+    await storage.open()
+    try:
+        for _ in range(sqlite._CHANGES_PER_CHECKPOINT):
+            await storage.create_thread(ThreadRow(str(uuid.uuid4()), now_iso(), now_iso(), {"pad": "x" * 200}))
+        await asyncio.sleep(0)  # the tick's commit
+        size_after_commit = path.stat().st_size
+        assert (tmp_path / "state.db-wal").stat().st_size > 100 * 4096  # the rows are in the WAL only
+
+        await asyncio.sleep(sqlite._QUIET_SECONDS + 0.2)
+
+        assert path.stat().st_size > size_after_commit + 100 * 4096  # copied into the database
+        assert await storage.count_threads() == sqlite._CHANGES_PER_CHECKPOINT
+    finally:
+        await storage.close()

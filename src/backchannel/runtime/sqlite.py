@@ -5,6 +5,12 @@ than handing each call to a thread would cost. Writes of one event-loop tick
 share a transaction (see :attr:`SQLiteStorage.writer`). WAL lets several
 processes open the same file; ``busy_timeout`` makes a writer wait for
 another's lock.
+
+Copying the WAL back into the database (a checkpoint, with two fsyncs) is the
+slowest thing a commit can do. SQLite does it inside the commit that takes the
+WAL past a size; here that size is raised to ``_WAL_LIMIT_PAGES`` and the copy
+is made when writes pause instead (see :meth:`SQLiteStorage._checkpoint_when_quiet`),
+off the path of a burst of steps.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -90,6 +97,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
 
 _OPEN: dict[str, weakref.WeakSet[SQLiteStorage]] = {}  # this process's open storages, by file
 
+_WAL_LIMIT_PAGES = 10_000  # 40 MiB: SQLite checkpoints inside a commit past this (its default: 1,000 pages)
+_QUIET_SECONDS = 0.2  # writes paused this long: time to checkpoint
+_CHANGES_PER_CHECKPOINT = 1_000  # rows written since the last checkpoint that make one worth its fsyncs
+
 
 class SQLiteStorage(Storage):
     """Storage in one SQLite database file (or in memory with ``":memory:"``)."""
@@ -98,6 +109,9 @@ class SQLiteStorage(Storage):
         self.path = path if path == ":memory:" else os.path.expanduser(path)
         self._db: sqlite3.Connection | None = None
         self._finalizer: weakref.finalize | None = None
+        self._last_commit = 0.0
+        self._checkpointed_changes = 0  # the connection's total_changes at the last checkpoint
+        self._checkpoint_timer: asyncio.TimerHandle | None = None
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -131,6 +145,35 @@ class SQLiteStorage(Storage):
     def _commit(self) -> None:
         if self._db is not None and self._db.in_transaction:
             self._db.execute("COMMIT")
+            self._last_commit = time.monotonic()
+            if self._checkpoint_timer is None and self.path != ":memory:" and self._worth_a_checkpoint():
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:  # no event loop: SQLite's own limit applies
+                    return
+                self._checkpoint_timer = loop.call_later(_QUIET_SECONDS, self._checkpoint_when_quiet)
+
+    def _worth_a_checkpoint(self) -> bool:
+        assert self._db is not None
+        return self._db.total_changes - self._checkpointed_changes >= _CHANGES_PER_CHECKPOINT
+
+    def _checkpoint_when_quiet(self) -> None:
+        """Copy the WAL into the database once no commit came for ``_QUIET_SECONDS`` (passive: it
+        never waits for other connections)."""
+        self._checkpoint_timer = None
+        db = self._db
+        if db is None:
+            return
+        quiet = time.monotonic() - self._last_commit
+        if quiet < _QUIET_SECONDS or db.in_transaction:
+            delay = max(_QUIET_SECONDS - quiet, 0.01)
+            self._checkpoint_timer = asyncio.get_running_loop().call_later(delay, self._checkpoint_when_quiet)
+            return
+        try:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.OperationalError:  # another process holds a lock it needs: a later pause will do
+            return
+        self._checkpointed_changes = db.total_changes
 
     async def open(self) -> None:
         if self._db is not None:
@@ -142,6 +185,7 @@ class SQLiteStorage(Storage):
         if self.path != ":memory:":
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")
+            db.execute(f"PRAGMA wal_autocheckpoint = {_WAL_LIMIT_PAGES}")
         for other in _OPEN.get(self.path, ()):  # their open transaction would lock the migration out
             other._commit()
         _migrate(db, self.path, _MIGRATIONS)
@@ -154,7 +198,10 @@ class SQLiteStorage(Storage):
         if self._db is not None:
             assert self._finalizer is not None
             _OPEN[self.path].discard(self)
-            self._finalizer()
+            if self._checkpoint_timer is not None:
+                self._checkpoint_timer.cancel()
+                self._checkpoint_timer = None
+            self._finalizer()  # closing the last connection to the file checkpoints it
             self._db = None
 
     @contextmanager
