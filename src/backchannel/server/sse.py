@@ -15,10 +15,10 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-import orjson
 from starlette.types import Receive, Scope, Send
 
 from backchannel.runtime.modes import StreamPart
+from backchannel.server.routing import render_json
 
 __all__ = ["SSE_HEARTBEAT", "StreamingBody", "encode_event"]
 
@@ -29,7 +29,7 @@ JSON_HEARTBEAT = b"\n"
 def encode_event(part: StreamPart, *, with_id: bool) -> bytes:
     """One stream part as an SSE event."""
     event = part.event.replace("\r", "").replace("\n", "").encode()
-    data = orjson.dumps(part.data, option=orjson.OPT_NON_STR_KEYS)
+    data = render_json(part.data)
     if with_id and part.id is not None:
         return b"event: %b\r\ndata: %b\r\nid: %b\r\n\r\n" % (event, data, part.id.encode())
     return b"event: %b\r\ndata: %b\r\n\r\n" % (event, data)
@@ -48,6 +48,7 @@ class StreamingBody:
         self.heartbeat = JSON_HEARTBEAT if media_type == "application/json" else SSE_HEARTBEAT
         self.interval = heartbeat
         self.on_disconnect = on_disconnect
+        self._last_sent = 0.0  # loop time of the last chunk or heartbeat
         raw = {"content-type": media_type, "cache-control": "no-store", **(headers or {})}
         if media_type == "text/event-stream":
             raw["x-accel-buffering"] = "no"  # nginx would otherwise hold events back
@@ -74,38 +75,30 @@ class StreamingBody:
 
     async def _send_all(self, send: Send) -> None:
         chunks = self.chunks
+        loop = asyncio.get_running_loop()
+        self._last_sent = loop.time()
+        # One task beats for the whole response: a timer per chunk would cost more than the chunk.
+        beating = asyncio.ensure_future(self._beat(send))
         try:
-            async for chunk in _with_heartbeats(chunks, self.interval, self.heartbeat):
+            async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                self._last_sent = loop.time()
         finally:
+            await _cancel(beating)  # before the last message: nothing may follow it
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-
-async def _with_heartbeats(chunks: AsyncIterator[bytes], interval: float, beat: bytes) -> AsyncIterator[bytes]:
-    """``chunks``, with ``beat`` whenever ``interval`` seconds pass without one."""
-    iterator = chunks.__aiter__()
-    pending: asyncio.Future[Any] = asyncio.ensure_future(iterator.__anext__())
-    try:
+    async def _beat(self, send: Send) -> None:
+        """Send a heartbeat whenever ``interval`` seconds pass without a chunk."""
+        loop = asyncio.get_running_loop()
         while True:
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield beat
-                continue
-            try:
-                chunk = pending.result()
-            except StopAsyncIteration:
-                return
-            yield chunk
-            pending = asyncio.ensure_future(iterator.__anext__())
-    finally:
-        if not pending.done():
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
+            await asyncio.sleep(self._last_sent + self.interval - loop.time())
+            if loop.time() - self._last_sent >= self.interval:
+                await send({"type": "http.response.body", "body": self.heartbeat, "more_body": True})
+                self._last_sent = loop.time()
 
 
 async def _cancel(*tasks: asyncio.Future[Any]) -> None:
