@@ -6,7 +6,7 @@ import time
 import pytest
 from subagent_helpers import call, is_note, messages_of, policy, quiet, tool_messages, values_of, wait_until
 
-from backchannel import HumanMessage, ScriptedModel, ToolMessage, create_agent, tool
+from backchannel import HumanMessage, Middleware, ScriptedModel, ToolMessage, create_agent, tool
 from backchannel.deep_agent import create_deep_agent
 from backchannel.runtime import LocalRuntime
 from backchannel.subagents import GENERAL_PURPOSE, SubAgent, as_subagent
@@ -175,6 +175,26 @@ def test_background_subagents_add_the_async_task_tools():
     assert "- b: Runs in the background." in bg._plan.tools["start_async_task"].description
     with pytest.raises(ValueError, match="completion"):
         create_deep_agent(ScriptedModel([]), subagents=[SubAgent("b", "b", background=True)], completion="later")
+
+
+async def test_the_callers_middleware_sees_the_conversation_before_it_is_summarised():
+    # A middleware that ends a turn before the model (a handoff request does) must leave the thread as it was.
+    class EndsTheTurn(Middleware):
+        seen: list[int] = []
+
+        async def before_model(self, state, ctx):
+            self.seen.append(len(state["messages"]))
+            return {"jump_to": "end"} if len(state["messages"]) > 4 else None
+
+    model = ScriptedModel(["ok"], loop=True)
+    agent = create_deep_agent(model, middleware=[EndsTheTurn()], general_purpose=False, max_tokens_before_summary=10)
+    history = [HumanMessage(f"question {i} " + "x" * 100) for i in range(9)]  # past the 6 summarization keeps
+
+    state = await agent.ainvoke({"messages": history})
+
+    assert EndsTheTurn.seen == [9]
+    assert [m.content for m in state["messages"]] == [m.content for m in history]  # nothing summarised
+    assert model.calls == 0
 
 
 async def test_supervisor_system_prompt_mentions_delegation():

@@ -61,7 +61,7 @@ def create_deep_agent(model: Any, tools: Sequence[Any] = (), *,
     summarizing = ([SummarizationMiddleware(model, max_tokens_before_summary=max_tokens_before_summary)]
                    if max_tokens_before_summary is not None else [])
     return create_agent(model, tools, system_prompt=system_prompt or SUPERVISOR_PROMPT,
-                        middleware=[*delegation, *summarizing, *middleware], name=name,
+                        middleware=[*delegation, *middleware, *summarizing], name=name,
                         max_iterations=max_iterations, model_settings=model_settings)
 
 
