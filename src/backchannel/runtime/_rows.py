@@ -1,7 +1,7 @@
 """Rows as SQL backends store them: JSON text columns, namespaces joined into one label string.
 
-Shared by the SQLite and Postgres backends, which select their columns in the
-same order and decode them here.
+Shared by the SQLite and Postgres backends, which store and select their
+columns in the same order: rows become parameters and come back here.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, ThreadRow
-from backchannel.serde import json_text
+from backchannel.serde import dumps, json_text
 
-__all__ = ["JSON_FIELDS", "SEP", "LazyDelta", "checkpoint_chain", "checkpoint_row", "dump", "item_row",
-           "matching_namespaces", "run_row", "thread_order", "thread_row"]
+__all__ = ["SEP", "THREAD_TABLES", "LazyDelta", "checkpoint_chain", "checkpoint_row", "checkpoint_values", "dump",
+           "field_values", "item_row", "matching_namespaces", "run_row", "run_values", "thread_row",
+           "thread_values"]
 
 SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
-_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
-JSON_FIELDS = frozenset({"metadata", "kwargs", "interrupts", "error"})  # row fields stored as JSON text
+_JSON_FIELDS = frozenset({"metadata", "kwargs", "interrupts", "error"})  # row fields stored as JSON text
+THREAD_TABLES = ("runs", "checkpoints", "pending_writes", "inbox")  # what else a thread owns, by thread_id
 
 
 _FALLBACK = json.JSONEncoder(separators=(",", ":"), default=str)  # one for all calls: json.dumps makes one each
@@ -27,6 +28,27 @@ _FALLBACK = json.JSONEncoder(separators=(",", ":"), default=str)  # one for all 
 def dump(value: Any) -> str:
     """JSON text of a row's field; objects JSON has no form for are saved as their ``str()``."""
     return json_text(value, str, _FALLBACK)
+
+
+def thread_values(row: ThreadRow) -> tuple[Any, ...]:
+    return (row.thread_id, row.created_at, row.updated_at, dump(row.metadata), row.status, dump(row.interrupts),
+            dump(row.error) if row.error else None)
+
+
+def run_values(row: RunRow) -> tuple[Any, ...]:
+    return (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
+            dump(row.metadata), dump(row.kwargs), row.multitask_strategy, row.worker_id, row.scheduled_at,
+            dump(row.error) if row.error else None, row.concurrency_key, row.concurrency_limit)
+
+
+def checkpoint_values(row: CheckpointRow) -> tuple[Any, ...]:
+    return (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, dumps(row.delta), row.next,
+            dump(row.metadata), row.created_at)
+
+
+def field_values(fields: Mapping[str, Any]) -> list[Any]:
+    """The parameters of an update of ``fields``: JSON fields as text."""
+    return [dump(v) if name in _JSON_FIELDS and v is not None else v for name, v in fields.items()]
 
 
 def thread_row(row: tuple[Any, ...]) -> ThreadRow:
@@ -70,13 +92,6 @@ def checkpoint_row(row: tuple[Any, ...]) -> CheckpointRow:
 
 def item_row(row: tuple[Any, ...]) -> ItemRow:
     return ItemRow(tuple(row[0].split(SEP)), row[1], json.loads(row[2]), row[3], row[4])
-
-
-def thread_order(sort_by: str, sort_order: str) -> tuple[str, str]:
-    """The column and direction to sort threads by; ``ValueError`` for a column that is not sortable."""
-    if sort_by not in _THREAD_SORT:
-        raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
-    return sort_by, "ASC" if sort_order.lower() == "asc" else "DESC"
 
 
 def checkpoint_chain(rows: Iterable[tuple[Any, ...]], checkpoint_id: str) -> list[CheckpointRow]:

@@ -14,11 +14,10 @@ from dataclasses import fields, replace
 from typing import Any
 
 from backchannel.messages import AnyMessage
-from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow
+from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow, thread_order
 
 __all__ = ["MemoryStorage"]
 
-_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
 _FIELDS = {cls: operator.attrgetter(*(f.name for f in fields(cls))) for cls in (ThreadRow, RunRow, CheckpointRow,
                                                                                    ItemRow)}
 _ACTIVE = ("pending", "running")
@@ -87,12 +86,11 @@ class MemoryStorage(Storage):
     async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
                              ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
                              sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]:
-        if sort_by not in _THREAD_SORT:
-            raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
+        sort_by, order = thread_order(sort_by, sort_order)
         position = {thread_id: i for i, thread_id in enumerate(self._threads)}
         rows = sorted(self._matching_threads(metadata, status, ids),
                       key=lambda r: (getattr(r, sort_by), position[r.thread_id]),
-                      reverse=sort_order.lower() != "asc")
+                      reverse=order == "DESC")
         return [_copy(r) for r in rows[offset: offset + limit]]
 
     async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:

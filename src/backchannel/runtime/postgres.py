@@ -29,16 +29,19 @@ from backchannel.messages import AnyMessage, message_from_dict
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._pgpool import ConnectionPool
 from backchannel.runtime._rows import (
-    JSON_FIELDS,
     SEP,
+    THREAD_TABLES,
     checkpoint_chain,
     checkpoint_row,
+    checkpoint_values,
     dump,
+    field_values,
     item_row,
     matching_namespaces,
     run_row,
-    thread_order,
+    run_values,
     thread_row,
+    thread_values,
 )
 from backchannel.runtime.coordination import Coordinator
 from backchannel.runtime.storage import (
@@ -49,6 +52,7 @@ from backchannel.runtime.storage import (
     Storage,
     ThreadRow,
     now_iso,
+    thread_order,
 )
 from backchannel.serde import dumps
 
@@ -198,18 +202,14 @@ class PostgresStorage(Storage):
 
     async def _fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any], what: str) -> Any:
         async with self.pool.connection() as conn:
-            cursor = await conn.execute(sql, params)
-            if what == "rowcount":
-                return cursor.rowcount
-            return await (cursor.fetchone() if what == "one" else cursor.fetchall())
+            return await _result(await conn.execute(sql, params), what)
 
     # -- threads
 
     async def create_thread(self, row: ThreadRow) -> bool:
         return bool(await self._write(
             "INSERT INTO threads VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s) ON CONFLICT (thread_id) DO NOTHING",
-            (row.thread_id, row.created_at, row.updated_at, dump(row.metadata), row.status, dump(row.interrupts),
-             dump(row.error) if row.error else None)))
+            thread_values(row)))
 
     async def get_thread(self, thread_id: str) -> ThreadRow | None:
         found = await self._one(f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = %s", (thread_id,))
@@ -224,7 +224,7 @@ class PostgresStorage(Storage):
     async def _delete_thread(self, thread_id: str) -> bool:
         async with self.pool.connection() as conn, conn.transaction():
             deleted = (await conn.execute("DELETE FROM threads WHERE thread_id = %s", (thread_id,))).rowcount
-            for table in ("runs", "checkpoints", "pending_writes", "inbox"):
+            for table in THREAD_TABLES:
                 await conn.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread_id,))
         return bool(deleted)
 
@@ -262,9 +262,7 @@ class PostgresStorage(Storage):
     async def create_run(self, row: RunRow) -> None:
         await self._write(
             f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
-             dump(row.metadata), dump(row.kwargs), row.multitask_strategy, row.worker_id, row.scheduled_at,
-             dump(row.error) if row.error else None, row.concurrency_key, row.concurrency_limit))
+            run_values(row))
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = await self._one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
@@ -390,8 +388,7 @@ class PostgresStorage(Storage):
 
     async def put_checkpoint(self, row: CheckpointRow) -> None:
         await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                          (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, dumps(row.delta),
-                           row.next, dump(row.metadata), row.created_at))
+                          checkpoint_values(row))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = await self._one(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints "
@@ -510,8 +507,7 @@ class PostgresStorage(Storage):
             return
         jsonb = _JSONB.get(table, frozenset())
         columns = ", ".join(f"{name} = %s::jsonb" if name in jsonb else f"{name} = %s" for name in fields)
-        params = [dump(v) if name in JSON_FIELDS and v is not None else v for name, v in fields.items()]
-        await self._write(f"UPDATE {table} SET {columns} WHERE {key} = %s", (*params, value))
+        await self._write(f"UPDATE {table} SET {columns} WHERE {key} = %s", (*field_values(fields), value))
 
 
 class PostgresCoordinator(Coordinator):
@@ -543,7 +539,7 @@ class PostgresCoordinator(Coordinator):
         await self._send_queued()
 
     def publish(self, message: dict[str, Any]) -> None:
-        self._queue.append(json.dumps(message, separators=(",", ":"), default=str))
+        self._queue.append(dump(message))
         self._queued.set()
 
     async def _send_forever(self) -> None:

@@ -28,18 +28,30 @@ from typing import Any
 from backchannel.messages import AnyMessage, message_from_dict
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
-    JSON_FIELDS,
     SEP,
+    THREAD_TABLES,
     checkpoint_chain,
     checkpoint_row,
+    checkpoint_values,
     dump,
+    field_values,
     item_row,
     matching_namespaces,
     run_row,
-    thread_order,
+    run_values,
     thread_row,
+    thread_values,
 )
-from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow, now_iso
+from backchannel.runtime.storage import (
+    CheckpointRow,
+    ItemRow,
+    RunEnd,
+    RunRow,
+    Storage,
+    ThreadRow,
+    now_iso,
+    thread_order,
+)
 from backchannel.serde import dumps
 
 __all__ = ["SQLiteStorage"]
@@ -221,10 +233,7 @@ class SQLiteStorage(Storage):
 
     async def create_thread(self, row: ThreadRow) -> bool:
         try:
-            self.writer.execute(
-                "INSERT INTO threads VALUES (?,?,?,?,?,?,?)",
-                (row.thread_id, row.created_at, row.updated_at, dump(row.metadata), row.status,
-                 dump(row.interrupts), dump(row.error) if row.error else None))
+            self.writer.execute("INSERT INTO threads VALUES (?,?,?,?,?,?,?)", thread_values(row))
         except sqlite3.IntegrityError:
             return False
         return True
@@ -239,7 +248,7 @@ class SQLiteStorage(Storage):
     async def delete_thread(self, thread_id: str) -> bool:
         with self._transaction() as db:
             deleted = db.execute("DELETE FROM threads WHERE thread_id = ?", (thread_id,)).rowcount
-            for table in ("runs", "checkpoints", "pending_writes", "inbox"):
+            for table in THREAD_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
         return bool(deleted)
 
@@ -274,12 +283,7 @@ class SQLiteStorage(Storage):
     # -- runs
 
     async def create_run(self, row: RunRow) -> None:
-        self.writer.execute(
-            "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
-             dump(row.metadata), dump(row.kwargs), row.multitask_strategy, row.worker_id,
-             row.scheduled_at, dump(row.error) if row.error else None, row.concurrency_key,
-             row.concurrency_limit))
+        self.writer.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", run_values(row))
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -379,9 +383,7 @@ class SQLiteStorage(Storage):
     # -- checkpoints
 
     async def put_checkpoint(self, row: CheckpointRow) -> None:
-        self.writer.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)",
-                        (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, dumps(row.delta),
-                         row.next, dump(row.metadata), row.created_at))
+        self.writer.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)", checkpoint_values(row))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
@@ -489,9 +491,7 @@ class SQLiteStorage(Storage):
         if not fields:
             return
         columns = ", ".join(f"{name} = ?" for name in fields)
-        params = [dump(v) if name in JSON_FIELDS and v is not None else v
-                  for name, v in fields.items()]
-        self.writer.execute(f"UPDATE {table} SET {columns} WHERE {key} = ?", (*params, value))
+        self.writer.execute(f"UPDATE {table} SET {columns} WHERE {key} = ?", (*field_values(fields), value))
 
 
 def _migrate(db: sqlite3.Connection, path: str, migrations: Sequence[Sequence[str]]) -> None:

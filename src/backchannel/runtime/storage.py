@@ -19,7 +19,8 @@ from backchannel.messages import AnyMessage
 if TYPE_CHECKING:
     from backchannel.runtime.coordination import Coordinator
 
-__all__ = ["CheckpointRow", "ItemRow", "RunEnd", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage"]
+__all__ = ["CheckpointRow", "ItemRow", "RunEnd", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage",
+           "thread_order"]
 
 
 _second: tuple[int, str] = (0, "")  # the last whole second asked for, formatted
@@ -38,6 +39,17 @@ def now_iso() -> str:
         text = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
         _second = (second, text)
     return f"{text}.{int((now - second) * 1_000_000):06d}+00:00"
+
+
+_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
+
+
+def thread_order(sort_by: str, sort_order: str) -> tuple[str, str]:
+    """The column and direction to sort threads by; ``ValueError`` for a column that is not sortable."""
+    if sort_by not in _THREAD_SORT:
+        raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
+    return sort_by, "ASC" if sort_order.lower() == "asc" else "DESC"
+
 
 
 @dataclass(slots=True)
