@@ -216,6 +216,22 @@ async def test_a_pending_run_is_dropped_only_while_pending(storage):
     assert not await storage.drop_pending_run(doomed.run_id, "rollback", now_iso())
 
 
+@pytest.mark.parametrize("action", ["interrupt", "rollback"])
+async def test_dropping_a_pending_run_leaves_its_thread_idle_unless_another_run_waits(storage, action):
+    now = now_iso()
+    for thread_id in ("alone", "shared"):
+        await storage.create_thread(ThreadRow(thread_id, now, now, status="busy"))
+    alone, first, second = _run("alone"), _run("shared"), _run("shared")
+    for row in (alone, first, second):
+        await storage.create_run(row)
+
+    assert await storage.drop_pending_run(alone.run_id, action, now_iso())
+    assert await storage.drop_pending_run(first.run_id, action, now_iso())
+
+    assert (await storage.get_thread("alone")).status == "idle"
+    assert (await storage.get_thread("shared")).status == "busy"  # the second run still waits
+
+
 async def test_a_heartbeat_says_whether_the_worker_was_still_registered(storage):
     assert not await storage.heartbeat("w", {"pid": 1}, now_iso())  # first registration
     assert await storage.heartbeat("w", {"pid": 1}, now_iso())

@@ -411,8 +411,7 @@ class RunsClient:
         if stream is not None and stream.result is not None:
             return stream.result  # a stateless run whose thread is gone
         if row.status in ("error", "timeout"):
-            error = row.error or {}
-            result = {"__error__": {"error": error.get("type", "Error"), "message": error.get("message", "")}}
+            result = {"__error__": render_error(row.error or {})}
         elif stream is not None and stream.final_values is not None:
             result = to_jsonable(stream.final_values)  # this run's own end state, whatever queued run came next
             if stream.interrupts:
@@ -437,13 +436,11 @@ class RunsClient:
 
     async def _stream(self, thread_id: str | None, assistant_id: str, **kwargs: Any) -> AsyncIterator[StreamPart]:
         run = await self.create(thread_id, assistant_id, _watched=True, **kwargs)
-        row = await self._rt.storage.get_run(run["run_id"])
-        assert row is not None
-        async for part in self._follow(row, None, 0):
+        async for part in self._follow(run, None, 0):
             yield part
-        if row.kwargs.get("temporary"):
-            await self._rt.wait_for(row.run_id)
-            await self._rt.storage.delete_thread(row.thread_id)
+        if run["kwargs"].get("temporary"):
+            await self._rt.wait_for(run["run_id"])
+            await self._rt.storage.delete_thread(run["thread_id"])
 
     def join_stream(self, thread_id: str, run_id: str, *, stream_mode: str | Sequence[str] | None = None,
                     last_event_id: str | None = None, **_: Any) -> AsyncIterator[StreamPart]:
@@ -459,26 +456,27 @@ class RunsClient:
         if stream is None or (not row.kwargs.get("stream_resumable") and last_event_id is None
                               and stream.finished):
             return
-        async for part in self._follow(row, modes, after, with_metadata=False):
+        async for part in self._follow(render_run(row), modes, after, with_metadata=False):
             yield part
 
-    async def _follow(self, row: RunRow, modes: Sequence[str] | None, after: int, *,
+    async def _follow(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, *,
                       with_metadata: bool = True) -> AsyncIterator[StreamPart]:
-        stream = self._rt.stream_of(row.run_id)
+        """The parts of a run's stream (``run`` as :func:`render_run` gives it)."""
+        stream = self._rt.stream_of(run["run_id"])
         if stream is None:
             return
-        modes = modes or row.kwargs.get("stream_mode") or ["values"]
+        kwargs = run["kwargs"]
+        modes = modes or kwargs.get("stream_mode") or ["values"]
         events = stream.follow(after, values=wants_values(modes))
         if with_metadata:
-            yield StreamPart("metadata", {"run_id": row.run_id, "attempt": 1})
-        mapper = StreamMapper(modes, subgraphs=bool(row.kwargs.get("stream_subgraphs")),
-                              metadata={k: v for k, v in row.metadata.items() if k != "assistant_id"})
+            yield StreamPart("metadata", {"run_id": run["run_id"], "attempt": 1})
+        mapper = StreamMapper(modes, subgraphs=bool(kwargs.get("stream_subgraphs")),
+                              metadata={k: v for k, v in run["metadata"].items() if k != "assistant_id"})
         async for event in events:
             for part in mapper.parts(event):
                 yield part
         if stream.status == "error" and stream.error:  # LangGraph sends no error event for a timeout
-            yield StreamPart("error", {"error": stream.error.get("type", "Error"),
-                                       "message": stream.error.get("message", "")})
+            yield StreamPart("error", render_error(stream.error))
 
 
 class StoreClient:
@@ -595,6 +593,11 @@ def _interrupts_by_task(row: ThreadRow) -> dict[str, list[dict[str, Any]]]:
         return {}
     return {_task_id(row.thread_id, "interrupt", "pending"): [{"id": i["id"], "value": i["value"]}
                                                               for i in row.interrupts]}
+
+
+def render_error(error: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's stored error (``{"type", "message"}``) in LangGraph's shape: ``{"error", "message"}``."""
+    return {"error": error.get("type", "Error"), "message": error.get("message", "")}
 
 
 def render_run(row: RunRow) -> dict[str, Any]:

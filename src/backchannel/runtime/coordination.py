@@ -187,7 +187,7 @@ class Peers:
         stream = self.runtime.stream_of(run_id)
         if stream is not None and self.runtime.is_running_here(run_id):
             self._relay(run_id, stream, message["after"], message["values"])
-        elif stream is not None and stream.finished and stream.status is not None:
+        elif stream is not None and stream.finished:
             _Relay(self, run_id, stream).close(stream.status, stream.error, replay=message["after"])
         else:
             now = time.monotonic()

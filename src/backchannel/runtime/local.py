@@ -37,7 +37,7 @@ from backchannel.messages import (
     pending_tool_calls,
 )
 from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer, Recorder, ThreadState
-from backchannel.runtime.clients import render_run, resume_map
+from backchannel.runtime.clients import render_error, render_run, resume_map
 from backchannel.runtime.coordination import Peers
 from backchannel.runtime.inbox import ThreadInbox
 from backchannel.runtime.modes import wants_values
@@ -309,7 +309,7 @@ class LocalRuntime:
         self._unstarted.add(row.run_id)
         return stream
 
-    def _retire(self, stream: RunStream) -> None:
+    def retire_stream(self, stream: RunStream) -> None:
         """Keep the streams of the last runs that finished, for late joiners; forget older ones."""
         self._finished.append(stream.run_id)
         while len(self._finished) > _STREAMS_KEPT:
@@ -332,9 +332,6 @@ class LocalRuntime:
 
     def register_stream(self, stream: RunStream) -> None:
         self._streams[stream.run_id] = stream
-
-    def retire_stream(self, stream: RunStream) -> None:
-        self._retire(stream)
 
     def is_running_here(self, run_id: str) -> bool:
         return run_id in self._tasks
@@ -383,7 +380,7 @@ class LocalRuntime:
         if row.kwargs.get("temporary"):
             await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
-        self._retire(stream)
+        self.retire_stream(stream)
         if self.peers is not None:
             self.peers.run_ended(row, status, error)
         if row.kwargs.get("webhook"):
@@ -399,7 +396,7 @@ class LocalRuntime:
         payload = {**render_run(final), "status": status, "values": to_jsonable(values) if values else None,
                    "run_ended_at": now_iso()}
         if error is not None:
-            payload["error"] = {"error": error.get("type", "Error"), "message": error.get("message", "")}
+            payload["error"] = render_error(error)
         self.spawn(post_webhook(row.kwargs["webhook"], payload))
 
     async def _run_agent(self, row: RunRow, agent: Agent, stream: RunStream) -> tuple[ThreadState, RunResult]:
@@ -504,9 +501,8 @@ class LocalRuntime:
     async def _fail(self, row: RunRow, status: str, error: dict[str, Any]) -> None:
         self.checkpoints.forget(row.thread_id)
         # A thread's error has LangGraph's shape: {"error": <type>, "message": ...}.
-        shown = {"error": error.get("type", "Error"), "message": error.get("message", "")}
         await self.storage.finish_run(RunEnd(row.run_id, row.thread_id, status, "error", now_iso(), error=error,
-                                             thread_error=shown))
+                                             thread_error=render_error(error)))
 
     async def _cancelled(self, row: RunRow, action: str) -> str:
         self.checkpoints.forget(row.thread_id)
@@ -550,11 +546,6 @@ class LocalRuntime:
                 return
             if self.peers is not None:  # its creator may be following it
                 self.peers.cancel(row.run_id, action)
-            others = [r for r in await self.storage.active_runs(row.thread_id) if r.run_id != row.run_id]
-            if not others:
-                thread = await self.storage.get_thread(row.thread_id)
-                if thread is not None and thread.status == "busy":
-                    await self.storage.update_thread(row.thread_id, status="idle")
 
     def cancel_local(self, run_id: str, action: str) -> asyncio.Task[None] | None:
         """Cancel the run if this process executes it (returns its task); else end its stream here, if any."""
@@ -566,7 +557,7 @@ class LocalRuntime:
         stream = self._streams.get(run_id)
         if stream is not None and not stream.finished and not (self.peers and self.peers.follows(run_id)):
             stream.finish("interrupted")  # it was queued here and never started
-            self._retire(stream)
+            self.retire_stream(stream)
         return None
 
     async def wait_for(self, run_id: str) -> RunRow:
@@ -622,17 +613,19 @@ class LocalRuntime:
             # A wake-up run queued or executing here reads the stored mail as it starts (or has
             # its inbox, and then deliver() gave the message to it).
             return
-        if any(r.thread_id == thread_id for r in await self.storage.active_runs(thread_id)):
+        if await self.storage.active_runs(thread_id):
             if self.peers is not None:  # its run may be executing in another process
                 self.peers.mail(thread_id)
             return  # a queued run will take the message
-        thread = await self.storage.get_thread(thread_id)
-        if thread is None:
-            raise NotFoundError(f"thread {thread_id!r} not found")
-        graph_id = assistant_id or thread.metadata.get("graph_id")
-        if graph_id is None:
-            raise InvalidRequestError(f"thread {thread_id!r} has never run an assistant; cannot wake it")
-        run = await self.runs.create(thread_id, graph_id, multitask_strategy="enqueue", _wake=True)
+        if assistant_id is None:
+            thread = await self.storage.get_thread(thread_id)
+            if thread is None:
+                raise NotFoundError(f"thread {thread_id!r} not found")
+            assistant_id = thread.metadata.get("graph_id")
+            if assistant_id is None:
+                raise InvalidRequestError(f"thread {thread_id!r} has never run an assistant; cannot wake it")
+        # (runs.create reads the thread anyway, and says NotFoundError if it is gone)
+        run = await self.runs.create(thread_id, assistant_id, multitask_strategy="enqueue", _wake=True)
         self._waking[thread_id] = run["run_id"]
 
     # -- the agent's thread API --------------------------------------------------

@@ -348,10 +348,19 @@ class PostgresStorage(Storage):
         return bool(found and found[0])
 
     async def drop_pending_run(self, run_id: str, action: str, now: str) -> bool:
-        if action == "rollback":
-            return bool(await self._write("DELETE FROM runs WHERE run_id = %s AND status = 'pending'", (run_id,)))
-        return bool(await self._write("UPDATE runs SET status = 'interrupted', updated_at = %s "
-                                      "WHERE run_id = %s AND status = 'pending'", (now, run_id)))
+        # The thread's update sees the runs as they were before the statement, the dropped one still
+        # pending: hence "run_id <> the run".
+        drop = ("DELETE FROM runs WHERE run_id = %(run)s AND status = 'pending' RETURNING thread_id"
+                if action == "rollback" else
+                "UPDATE runs SET status = 'interrupted', updated_at = %(now)s WHERE run_id = %(run)s "
+                "AND status = 'pending' RETURNING thread_id")
+        dropped = await self._write_one(
+            f"WITH d AS ({drop}), "
+            "t AS (UPDATE threads SET status = 'idle' WHERE thread_id IN (SELECT thread_id FROM d) "
+            "  AND status = 'busy' AND NOT EXISTS (SELECT 1 FROM runs WHERE thread_id IN (SELECT thread_id FROM d) "
+            "  AND run_id <> %(run)s AND status IN ('pending', 'running'))) "
+            "SELECT count(*) FROM d", {"run": run_id, "now": now})
+        return bool(dropped and dropped[0])
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
         rows = await self._queue(

@@ -205,6 +205,7 @@ class Storage(abc.ABC):
 
     async def drop_pending_run(self, run_id: str, action: str, now: str) -> bool:
         """Cancel a run that has not started: ``interrupt`` marks it interrupted, ``rollback`` deletes it.
+        Its thread, busy on its account, turns idle unless another run is pending or running.
 
         ``False`` when it is no longer pending (a worker claimed it meanwhile). Backends shared by
         several processes do this in one conditional statement.
@@ -216,6 +217,10 @@ class Storage(abc.ABC):
             await self.delete_run(run_id)
         else:
             await self.update_run(run_id, status="interrupted", updated_at=now)
+        if not await self.active_runs(row.thread_id):
+            thread = await self.get_thread(row.thread_id)
+            if thread is not None and thread.status == "busy":
+                await self.update_thread(row.thread_id, status="idle")
         return True
 
     def coordinator(self) -> Coordinator | None:

@@ -29,25 +29,24 @@ def check_webhook_url(url: str) -> None:
         raise InvalidRequestError(f"webhook must be an absolute http(s) URL, not {url!r}")
 
 
-async def post_webhook(url: str, payload: Mapping[str, Any], *, delays: tuple[float, ...] = RETRY_DELAYS) -> bool:
-    """POST ``payload`` as JSON to ``url``, retrying transient failures; ``True`` once it is accepted."""
+async def post_webhook(url: str, payload: Mapping[str, Any]) -> None:
+    """POST ``payload`` as JSON to ``url``, retrying transient failures (``RETRY_DELAYS``); a refusal is logged."""
     import httpx
 
     async with httpx.AsyncClient(timeout=10.0) as client:
-        for attempt in range(len(delays) + 1):
+        for attempt in range(len(RETRY_DELAYS) + 1):
             try:
                 response = await client.post(url, json=payload)
                 if response.status_code < 400:
-                    return True
+                    return
                 if response.status_code != 429 and response.status_code < 500:
                     logger.warning("webhook %s refused run %s: HTTP %s", url, payload.get("run_id"),
                                    response.status_code)
-                    return False
+                    return
                 reason = f"HTTP {response.status_code}"
             except httpx.HTTPError as exc:
                 reason = f"{type(exc).__name__}: {exc}"
-            if attempt < len(delays):
-                await asyncio.sleep(delays[attempt])
+            if attempt < len(RETRY_DELAYS):
+                await asyncio.sleep(RETRY_DELAYS[attempt])
     logger.warning("webhook %s did not take run %s after %d attempts (%s)", url, payload.get("run_id"),
-                   len(delays) + 1, reason)
-    return False
+                   len(RETRY_DELAYS) + 1, reason)
