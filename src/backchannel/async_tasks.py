@@ -64,14 +64,29 @@ async def task_status(runtime: Any, task: Mapping[str, Any]) -> str:
     As LangGraph reports them: a run cancelled is ``interrupted``; a run that paused for a
     human ``success``, with its thread ``interrupted`` (then the task is ``waiting``).
     """
+    status, _ = await _status_and_thread(runtime, task)
+    return status
+
+
+async def _status_and_thread(runtime: Any, task: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """:func:`task_status`, with the thread it read to tell ``success`` from ``waiting`` (else ``None``).
+
+    The thread carries its values and interrupts, so callers read the result or the question
+    from it instead of reading the thread again.
+    """
     run = await runtime.runs.get(task["task_id"], task["run_id"])
     status = run["status"]
     if status == "interrupted":
-        return "cancelled"
+        return "cancelled", None
     if status != "success":
-        return status
+        return status, None
     thread = await runtime.threads.get(task["task_id"])
-    return "waiting" if thread["status"] == "interrupted" and thread["interrupts"] else "success"
+    return ("waiting" if thread["status"] == "interrupted" and thread["interrupts"] else "success"), thread
+
+
+def _questions(thread: Mapping[str, Any]) -> list[Any]:
+    """The values of a thread's pending interrupts."""
+    return [i["value"] for v in thread["interrupts"].values() for i in v]
 
 
 _DETAIL_KEYS = {"success": "result", "waiting": "question", "error": "error", "timeout": "error"}
@@ -79,14 +94,13 @@ _DETAIL_KEYS = {"success": "result", "waiting": "question", "error": "error", "t
 
 async def task_outcome(runtime: Any, task: Mapping[str, Any]) -> tuple[str, str | None]:
     """A task's status and what there is to say about it: its result, its question, or that it failed."""
-    status = await task_status(runtime, task)
+    status, thread = await _status_and_thread(runtime, task)
     if status == "success":
-        state = await runtime.threads.get_state(task["task_id"])
-        answers = [m for m in state["values"].get("messages", []) if m["type"] == "ai"]
+        values = thread["values"] or {}  # None: the thread has no checkpoint yet
+        answers = [m for m in values.get("messages", []) if m["type"] == "ai"]
         return status, text_of(answers[-1]["content"]) if answers else ""
     if status == "waiting":
-        thread = await runtime.threads.get(task["task_id"])
-        return status, describe_question([i["value"] for v in thread["interrupts"].values() for i in v])
+        return status, describe_question(_questions(thread))
     if status in ("error", "timeout"):
         return status, "the task timed out" if status == "timeout" else "the task failed before it finished"
     return status, None
@@ -209,12 +223,10 @@ class AsyncSubAgentMiddleware(Middleware):
         spec = self.delegates.spec(task["subagent"])
         home = self._home(rt, spec.name)
         with _remote_errors(spec, "update"):
-            status = await task_status(home, task)
+            status, thread = await _status_and_thread(home, task)
             if status == "waiting":
-                thread = await home.threads.get(task_id)
-                pending = [i["value"] for v in thread["interrupts"].values() for i in v]
                 run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id,
-                                            command={"resume": resume_value(message, pending)})
+                                            command={"resume": resume_value(message, _questions(thread))})
             else:
                 strategy = "interrupt" if status in _ACTIVE else "enqueue"
                 run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id,
