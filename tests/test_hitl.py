@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from backchannel import HumanMessage, InvalidRequestError, ScriptedModel, ToolMessage, create_agent, tool
-from backchannel.hitl import HumanInTheLoop
+from backchannel.hitl import HumanInTheLoop, check_resume, decision_args
 from backchannel.runtime import LocalRuntime
 
 
@@ -245,6 +245,18 @@ async def test_a_malformed_resume_is_refused_and_changes_nothing(env, case):
     assert len(env.sent) == 1 and env.looked_up == ["weather"]
     assert result["messages"][-1]["content"] == "success: sent to ana@example.com | success: found weather"
     assert (await env.rt.threads.get(tid))["status"] == "idle"
+
+
+def test_an_edit_is_checked_with_the_args_it_applies():
+    # A decision with both forms applies its edited_action, so that is what the args_schema checks.
+    review = {"action_requests": [{"name": "count", "args": {}}],
+              "review_configs": [{"action_name": "count", "allowed_decisions": ["edit"],
+                                  "args_schema": {"properties": {"n": {"type": "integer"}}}}]}
+    both = {"type": "edit", "edited_action": {"name": "count", "args": {"n": "two"}}, "args": {"n": 2}}
+    assert decision_args(both) == {"n": "two"}
+    with pytest.raises(InvalidRequestError, match="must be a integer"):
+        check_resume(review, {"decisions": [both]})
+    assert decision_args({"type": "edit", "args": {"n": 2}}) == {"n": 2}
 
 
 async def test_resuming_a_thread_with_nothing_pending_is_refused(env):

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from backchannel.errors import BackchannelError
-from backchannel.hitl import check_resume
+from backchannel.hitl import check_resume, decision_args
 from backchannel.interrupts import interrupt
 from backchannel.memory import MemoryFile
 from backchannel.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
@@ -494,8 +494,7 @@ class HandoffMiddleware(Middleware):
             result = {**proposal, "status": "rejected", "reason": decision.get("message")}
             logger.info("handoff %s rejected", proposal["handoff_id"])
         else:
-            args = decision.get("args") if "args" in decision else (decision.get("edited_action") or {}).get("args")
-            result = await self._accept(proposal, args, ctx)
+            result = await self._accept(proposal, decision_args(decision), ctx)
         ctx.emit_custom({"handoff": {"handoff_id": result["handoff_id"], "status": result["status"],
                                      "child_thread_id": result.get("child_thread_id")}})
         return {"handoff_request": None, "handoff": result, "jump_to": "end"}

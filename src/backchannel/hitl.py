@@ -26,7 +26,7 @@ from backchannel.interrupts import interrupt
 from backchannel.messages import AIMessage, ToolCall, ToolMessage
 from backchannel.middleware import Middleware
 
-__all__ = ["DECISIONS", "HumanInTheLoop", "check_resume", "is_review_request"]
+__all__ = ["DECISIONS", "HumanInTheLoop", "check_resume", "decision_args", "is_review_request"]
 
 DECISIONS = ("approve", "edit", "reject", "respond")
 
@@ -81,8 +81,8 @@ class HumanInTheLoop(Middleware):
         for call, decision in zip(gated, decisions):
             kind = decision["type"]
             if kind == "edit":
-                action = decision.get("edited_action") or {"name": call["name"], "args": decision["args"]}
-                edits[call["id"]] = {**call, "name": action["name"], "args": dict(action["args"])}
+                action = decision.get("edited_action") or {"name": call["name"]}
+                edits[call["id"]] = {**call, "name": action["name"], "args": dict(decision_args(decision))}
             elif kind == "reject":
                 reason = decision.get("message")
                 text = (f"User rejected the tool call for `{call['name']}` with reason: {reason}" if reason else
@@ -101,6 +101,18 @@ class HumanInTheLoop(Middleware):
 def is_review_request(value: Any) -> bool:
     """Whether an interrupt value is a human-in-the-loop review request."""
     return isinstance(value, Mapping) and "action_requests" in value and "review_configs" in value
+
+
+def decision_args(decision: Mapping[str, Any]) -> Any:
+    """The args a decision carries: its ``edited_action``'s, else its own ``args`` (``None``: none).
+
+    The one reading of a decision's args, so the args checked against a review's ``args_schema``
+    are the args applied.
+    """
+    action = decision.get("edited_action")
+    if isinstance(action, Mapping) and action:
+        return action.get("args")
+    return decision.get("args")
 
 
 def check_resume(request: Any, response: Any) -> list[Mapping[str, Any]]:
@@ -139,7 +151,7 @@ def _check_decision(decision: Any, review: Mapping[str, Any]) -> None:
             raise InvalidRequestError(f"an 'edit' decision needs 'edited_action': {{'name': str, 'args': {{...}}}} "
                                       f"(or just 'args': {{...}}), got {decision!r}")
     if kind in ("edit", "approve") and "args_schema" in review:
-        args = decision.get("args") if "args" in decision else (decision.get("edited_action") or {}).get("args")
+        args = decision_args(decision)
         if args is not None:
             _check_args(args, review["args_schema"], review["action_name"])
     if kind == "respond" and not isinstance(decision.get("message"), str):
