@@ -468,6 +468,30 @@ async def test_a_hanging_store_is_given_up_on_in_bounded_time(tmp_path):
         assert result.status == "accepted" and result.mirrored is False and mirror.stats.failures >= 2
 
 
+async def test_the_outbox_is_written_only_for_what_the_store_could_not_take(tmp_path, monkeypatch):
+    import backchannel.handoff as handoff_module
+
+    real_write, writes = handoff_module.write_atomic, []
+
+    def write_atomic(path, text):
+        writes.append(path)
+        real_write(path, text)
+
+    monkeypatch.setattr(handoff_module, "write_atomic", write_atomic)
+    outbox, namespace = tmp_path / "outbox.json", ["agent", "thread_summaries"]
+    async with LocalRuntime("memory") as rt:
+        mirror = SummaryMirror(outbox, attempts=1, backoff=0.01)
+        assert await mirror.mirror(rt.store, namespace, "h1", {"summary_md": "one"})
+        assert writes == [] and not outbox.exists()
+        assert not await mirror.mirror(FlakyStore(rt.store, failures=10**6), namespace, "h2", {"summary_md": "two"})
+        assert writes == [outbox] and "h2" in json.loads(outbox.read_text())
+        # The same write again (a run resumed after a crash) with the store back: it leaves the outbox.
+        assert await mirror.mirror(rt.store, namespace, "h2", {"summary_md": "two"})
+        assert mirror.pending == {} and not outbox.exists()
+        await asyncio.wait_for(mirror._catching_up, 5)  # the catch-up loop ends: nothing waits
+        assert (await rt.store.get_item(namespace, key="h2"))["value"] == {"summary_md": "two"}
+
+
 async def test_summaries_waiting_in_the_outbox_are_mirrored_after_a_restart(tmp_path):
     outbox = tmp_path / "outbox.json"
     async with LocalRuntime("memory") as rt:

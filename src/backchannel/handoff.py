@@ -46,7 +46,7 @@ from typing import Any
 from backchannel.errors import BackchannelError
 from backchannel.hitl import check_resume, decision_args
 from backchannel.interrupts import interrupt
-from backchannel.memory import MemoryFile
+from backchannel.memory import MemoryFile, write_atomic
 from backchannel.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from backchannel.middleware import Middleware
 from backchannel.models import init_model
@@ -344,16 +344,20 @@ class SummaryMirror:
 
     async def mirror(self, store: Any, namespace: Sequence[str], key: str, value: Mapping[str, Any]) -> bool:
         """Write ``value`` (and anything still waiting); returns whether this one reached the store."""
-        self._remember(key, {"namespace": list(namespace), "value": dict(value)})
-        for waiting in list(self.pending):
-            if not await self._write_with_retries(store, waiting):
-                break
-        if key in self.pending:
+        item = {"namespace": list(namespace), "value": dict(value)}
+        # The store first: the outbox (a file written with fsync) is only for what the store could not take.
+        # A crash before the write lands loses nothing: the resumed run repeats its handoff steps, this one too.
+        if not await self._write_with_retries(store, key, item):
+            self._remember(key, item)
             self.stats.fallbacks += 1
             logger.warning("handoff %s: the store is unavailable; the summary waits in %s and will be mirrored "
                            "when the store is back (%d waiting)", key, self.outbox or "memory", len(self.pending))
             self.catch_up(store)
             return False
+        for waiting in list(self.pending):  # the store is up: send what waits too
+            if not await self._write_with_retries(store, waiting):
+                self.catch_up(store)
+                break
         return True
 
     def catch_up(self, store: Any) -> None:
@@ -371,17 +375,18 @@ class SummaryMirror:
             delay = min(delay * 2, self.max_backoff)
         logger.info("handoff mirror caught up: every summary is in the store")
 
-    async def _write_with_retries(self, store: Any, key: str) -> bool:
+    async def _write_with_retries(self, store: Any, key: str, item: Mapping[str, Any] | None = None) -> bool:
         for attempt in range(self.attempts):
             if attempt:
                 self.stats.retries += 1
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-            if await self._write_once(store, key):
+            if await self._write_once(store, key, item):
                 return True
         return False
 
-    async def _write_once(self, store: Any, key: str) -> bool:
-        item = self.pending.get(key)
+    async def _write_once(self, store: Any, key: str, item: Mapping[str, Any] | None = None) -> bool:
+        """Write ``item``, or the write waiting under ``key`` (none left: another attempt wrote it)."""
+        item = item or self.pending.get(key)
         if item is None:
             return True
         try:
@@ -391,8 +396,8 @@ class SummaryMirror:
             logger.debug("handoff %s: store write failed: %s: %s", key, type(exc).__name__, exc)
             return False
         self.stats.mirrored += 1
-        self.pending.pop(key, None)
-        self._save()
+        if self.pending.pop(key, None) is not None:
+            self._save()
         return True
 
     def _remember(self, key: str, item: dict[str, Any]) -> None:
@@ -412,8 +417,6 @@ class SummaryMirror:
         self.stats.pending = len(self.pending)
         if self.outbox is None:
             return
-        from backchannel.memory import write_atomic
-
         if self.pending:
             write_atomic(self.outbox, json.dumps(self.pending, ensure_ascii=False, default=str))
         elif self.outbox.exists():
