@@ -50,9 +50,8 @@ from backchannel.memory import MemoryFile, write_atomic
 from backchannel.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from backchannel.middleware import Middleware
 from backchannel.models import init_model
-from backchannel.models.base import ModelRequest
 from backchannel.runtime.storage import now_iso
-from backchannel.summarization import message_tokens, render_transcript
+from backchannel.summarization import CHARS_PER_TOKEN, ask_for_summary, message_tokens
 
 __all__ = [
     "HANDOFF_ACTION",
@@ -188,7 +187,7 @@ def _fit(units: list[list[AnyMessage]], max_tokens: int) -> list[list[AnyMessage
 
 
 def _cut(m: AnyMessage, max_tokens: int) -> AnyMessage:
-    limit = max(0, int(max_tokens * 4) - 64)
+    limit = max(0, int(max_tokens * CHARS_PER_TOKEN) - 64)
     return replace(m, content=m.text[:limit] + " […]") if len(m.text) > limit else m
 
 
@@ -209,9 +208,7 @@ async def generate_summary(model: Any, messages: Sequence[AnyMessage], *, max_to
                            prompt: str = HANDOFF_PROMPT) -> GeneratedSummary:
     """Have ``model`` summarise ``messages`` in about ``max_tokens`` tokens (the reply is cut if longer)."""
     chat = init_model(model)
-    request = ModelRequest(chat, [HumanMessage(prompt.replace("{messages}", render_transcript(messages)))],
-                           settings={"max_tokens": max_tokens})
-    reply = await chat.generate(request)
+    reply = await ask_for_summary(chat, prompt, messages, max_tokens=max_tokens)
     usage = reply.usage_metadata or {}
     tokens = usage.get("total_tokens") or usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
     return GeneratedSummary(_bounded(reply.text.strip(), max_tokens),
@@ -221,7 +218,7 @@ async def generate_summary(model: Any, messages: Sequence[AnyMessage], *, max_to
 
 def _bounded(text: str, max_tokens: int) -> str:
     """``text`` cut, at a line break where possible, to about ``max_tokens`` tokens (models may ignore the cap)."""
-    limit = max_tokens * 4
+    limit = int(max_tokens * CHARS_PER_TOKEN)
     if len(text) <= limit:
         return text
     cut = text[:limit]

@@ -35,9 +35,11 @@ from backchannel.models import init_model
 from backchannel.models.base import ModelRequest
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "DEFAULT_SUMMARY_PROMPT",
     "SUMMARY_PREFIX",
     "SummarizationMiddleware",
+    "ask_for_summary",
     "count_tokens_approximately",
     "message_tokens",
     "render_transcript",
@@ -75,7 +77,7 @@ Messages to summarize:
 
 SUMMARY_PREFIX = "Here is a summary of the conversation to date:"
 
-_CHARS_PER_TOKEN = 4.0
+CHARS_PER_TOKEN = 4.0  # the approximate count: about four characters a token
 _TOKENS_PER_MESSAGE = 3.0
 _ROLES = {"human": "Human", "ai": "AI", "system": "System", "tool": "Tool"}
 
@@ -92,7 +94,7 @@ def message_tokens(message: AnyMessage) -> float:
     if isinstance(message, ToolMessage):
         chars += len(message.tool_call_id)
     chars += len(message.name or "") + len(message.type)
-    return chars / _CHARS_PER_TOKEN + _TOKENS_PER_MESSAGE
+    return chars / CHARS_PER_TOKEN + _TOKENS_PER_MESSAGE
 
 
 def count_tokens_approximately(messages: Sequence[Any]) -> int:
@@ -114,6 +116,13 @@ def render_transcript(messages: Sequence[AnyMessage], *, max_chars_per_message: 
             text = text[:max_chars_per_message] + " […]"
         lines.append(f"{role}: {text}")
     return "\n\n".join(lines)
+
+
+async def ask_for_summary(model: Any, prompt: str, messages: Sequence[AnyMessage], **settings: Any) -> AIMessage:
+    """The reply of ``model`` (initialised) to ``prompt``, with the transcript of ``messages`` for ``{messages}``."""
+    request = ModelRequest(model, [HumanMessage(prompt.replace("{messages}", render_transcript(messages)))],
+                           settings=settings)
+    return await model.generate(request)
 
 
 def safe_cutoff(messages: Sequence[AnyMessage], cutoff: int) -> int:
@@ -202,8 +211,7 @@ class SummarizationMiddleware(Middleware):
     async def _summary_of(self, messages: Sequence[AnyMessage]) -> str:
         if self._chat_model is None:
             self._chat_model = init_model(self.model)
-        prompt = self.summary_prompt.replace("{messages}", render_transcript(messages))
-        reply = await self._chat_model.generate(ModelRequest(self._chat_model, [HumanMessage(prompt)]))
+        reply = await ask_for_summary(self._chat_model, self.summary_prompt, messages)
         return reply.text.strip() or "(the summariser returned nothing)"
 
     def _tokens(self, messages: list[AnyMessage]) -> float:
