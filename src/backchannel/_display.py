@@ -22,7 +22,7 @@ from rich.text import Text
 
 from backchannel.messages import text_of
 
-__all__ = ["STREAM_MODES", "StreamView", "TaskBoard", "message_renderables", "show_stream", "to_ansi"]
+__all__ = ["STREAM_MODES", "StreamView", "TaskBoard", "message_renderables", "print_once", "show_stream", "to_ansi"]
 
 # What the chat asks a run's stream for (subgraphs on, so background subagents show as they work).
 STREAM_MODES = ["messages-tuple", "updates", "async_tasks", "lifecycle"]
@@ -65,6 +65,16 @@ def message_renderables(message: Mapping[str, Any], agent: str) -> list[Renderab
     if kind == "tool" and message.get("status") == "error":
         return [Text(f"  ✗ {message.get('name') or 'tool'}: {_shorten(text, 200)}", style="red")]
     return []
+
+
+def print_once(console: Console, message: Mapping[str, Any], agent: str, shown: set[str]) -> None:
+    """Print a message unless its id is in ``shown`` (then add it): the live view and the catch-up
+    after background runs share one ``shown``, so neither prints what the other did."""
+    if message.get("id") in shown:
+        return
+    shown.add(message.get("id"))
+    for renderable in message_renderables(message, agent):
+        console.print(renderable)
 
 
 def said(who: str, text: str, style: str) -> RenderableType:
@@ -255,15 +265,7 @@ class StreamView:
             if node == "model":
                 self.typing = ""
             for message in (update or {}).get("messages") or () if isinstance(update, Mapping) else ():
-                self.show(message)
-
-    def show(self, message: Mapping[str, Any]) -> None:
-        """Print a message once (the view shares ``shown`` with whoever else prints this thread)."""
-        if message.get("id") in self.shown:
-            return
-        self.shown.add(message.get("id"))
-        for renderable in message_renderables(message, self.agent):
-            self.console.print(renderable)
+                print_once(self.console, message, self.agent, self.shown)
 
     def __rich__(self) -> RenderableType:
         parts: list[RenderableType] = []

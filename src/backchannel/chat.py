@@ -31,7 +31,15 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from backchannel._display import STREAM_MODES, StreamView, TaskBoard, message_renderables, show_stream, to_ansi
+from backchannel._display import (
+    STREAM_MODES,
+    StreamView,
+    TaskBoard,
+    message_renderables,
+    print_once,
+    show_stream,
+    to_ansi,
+)
 from backchannel.errors import BackchannelError, NotFoundError
 from backchannel.hitl import is_review_request
 from backchannel.messages import new_id
@@ -372,10 +380,7 @@ class Chat:
         thread = await self.rt.threads.get(self.thread_id)
         values = thread.get("values") or {}
         for message in values.get("messages") or ():
-            if message.get("id") not in self.shown:
-                self.shown.add(message.get("id"))
-                for renderable in message_renderables(message, self.assistant):
-                    self.console.print(renderable)
+            print_once(self.console, message, self.assistant, self.shown)
         self.board.load(values.get("async_tasks") or {})
         if thread["status"] == "interrupted" and thread["interrupts"] and not force:
             pending = [i["value"] for items in thread["interrupts"].values() for i in items]
