@@ -12,14 +12,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backchannel.runtime.clients import MULTITASK_STRATEGIES
+from backchannel.runtime.modes import STREAM_MODES
+
 __all__ = [
-    "AssistantSearch", "CheckpointConfig", "Command", "HistorySearch", "RunCreate", "RunsCancel", "StateCheckpoint",
+    "AssistantSearch", "CheckpointConfig", "Command", "HistorySearch", "RunCreate", "StateCheckpoint",
     "StateUpdate", "StoreDelete", "StoreNamespaces", "StorePut", "StoreSearch", "ThreadCount", "ThreadCreate",
     "ThreadPatch", "ThreadSearch",
 ]
 
-StreamMode = Literal["values", "updates", "messages", "messages-tuple", "custom", "events", "debug", "tasks",
-                     "checkpoints", "lifecycle", "tools", "async_tasks"]
+# The runtime's own lists, so a mode or strategy it adds is accepted (and documented) here too.
+# STREAM_MODES is a set: sorted, the OpenAPI enum keeps one order from run to run.
+StreamMode = Literal[tuple(sorted(STREAM_MODES))]  # type: ignore[valid-type]
+MultitaskStrategy = Literal[MULTITASK_STRATEGIES]  # type: ignore[valid-type]
 
 
 class Body(BaseModel):
@@ -53,7 +58,7 @@ class RunCreate(Body):
     stream_mode: StreamMode | list[StreamMode] = "values"
     stream_subgraphs: bool = False
     stream_resumable: bool = False
-    multitask_strategy: Literal["reject", "interrupt", "rollback", "enqueue"] | None = None
+    multitask_strategy: MultitaskStrategy | None = None
     if_not_exists: Literal["reject", "create"] | None = None
     on_completion: Literal["delete", "keep"] | None = None
     on_disconnect: Literal["cancel", "continue"] = "continue"
@@ -61,12 +66,6 @@ class RunCreate(Body):
     webhook: str | None = Field(default=None, min_length=1, max_length=65536)
     interrupt_before: Literal["*"] | list[str] | None = None
     interrupt_after: Literal["*"] | list[str] | None = None
-
-
-class RunsCancel(Body):
-    thread_id: str | None = None
-    run_ids: list[str] | None = None
-    status: Literal["pending", "running", "all"] | None = None
 
 
 class ThreadCreate(Body):
