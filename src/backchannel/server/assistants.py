@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from backchannel.server.routing import Endpoint, JSONResponse, dump, read_body, runtime_of
-from backchannel.server.schemas import AssistantSearch
+from backchannel.server.schemas import AssistantCount, AssistantSearch
 
 __all__ = ["ENDPOINTS"]
 
@@ -21,8 +21,8 @@ async def search_assistants(request: Request) -> Response:
 
 
 async def count_assistants(request: Request) -> Response:
-    body = await read_body(request, AssistantSearch)
-    return JSONResponse(await runtime_of(request).assistants.count(**dump(body, exclude=("limit", "offset"))))
+    body = await read_body(request, AssistantCount)
+    return JSONResponse(await runtime_of(request).assistants.count(**dump(body)))
 
 
 async def get_graph(request: Request) -> Response:
@@ -43,7 +43,7 @@ _ONE = {200: "Success", 404: "Assistant not found"}
 ENDPOINTS = [
     Endpoint("POST", "/assistants/search", search_assistants, "Search assistants", AssistantSearch,
              responses={200: "Assistants", 422: "Invalid request"}),
-    Endpoint("POST", "/assistants/count", count_assistants, "Count assistants", AssistantSearch,
+    Endpoint("POST", "/assistants/count", count_assistants, "Count assistants", AssistantCount,
              responses={200: "The number of assistants", 422: "Invalid request"}),
     Endpoint("GET", "/assistants/{assistant_id}", get_assistant, "Get an assistant by id or graph id",
              responses=_ONE),

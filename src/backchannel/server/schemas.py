@@ -16,9 +16,9 @@ from backchannel.runtime.clients import MULTITASK_STRATEGIES
 from backchannel.runtime.modes import STREAM_MODES
 
 __all__ = [
-    "AssistantSearch", "CheckpointConfig", "Command", "HistorySearch", "RunCreate", "StateCheckpoint",
-    "StateUpdate", "StoreDelete", "StoreNamespaces", "StorePut", "StoreSearch", "ThreadCount", "ThreadCreate",
-    "ThreadPatch", "ThreadSearch",
+    "AssistantCount", "AssistantSearch", "CheckpointConfig", "Command", "HistorySearch", "RunCreate",
+    "StateCheckpoint", "StateUpdate", "StoreDelete", "StoreNamespaces", "StorePut", "StoreSearch", "ThreadCount",
+    "ThreadCreate", "ThreadPatch", "ThreadSearch",
 ]
 
 # The runtime's own lists, so a mode or strategy it adds is accepted (and documented) here too.
@@ -120,6 +120,12 @@ class AssistantSearch(Body):
     name: str | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0)
+
+
+class AssistantCount(Body):
+    metadata: dict[str, Any] | None = None
+    graph_id: str | None = None
+    name: str | None = None
 
 
 class StorePut(Body):
