@@ -41,8 +41,7 @@ async def create_run(request: Request) -> Response:
     body = await read_body(request, RunCreate)
     thread_id = request.path_params.get("thread_id")
     run = await runtime_of(request).runs.create(thread_id, body.assistant_id, **_run_options(body))
-    location = f"/threads/{thread_id}/runs/{run['run_id']}" if thread_id is not None else f"/runs/{run['run_id']}"
-    return JSONResponse(run, headers={"content-location": location})
+    return JSONResponse(run, headers=_run_headers(thread_id, run["run_id"]))
 
 
 async def stream_run(request: Request) -> Response:
@@ -52,11 +51,9 @@ async def stream_run(request: Request) -> Response:
     parts = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body))
     metadata = await anext(parts)  # creates the run: a bad request fails here, before the response starts
     run_id = metadata.data["run_id"]
-    url = f"/threads/{thread_id}/runs/{run_id}" if thread_id is not None else f"/runs/{run_id}"
     return StreamingBody(
         _events(parts, first=metadata, with_id=body.stream_resumable), media_type="text/event-stream",
-        heartbeat=request.app.state.heartbeat,
-        headers={"location": f"{url}/stream", "content-location": url},
+        heartbeat=request.app.state.heartbeat, headers=_run_headers(thread_id, run_id, "stream"),
         on_disconnect=_canceller(rt, thread_id, run_id) if body.on_disconnect == "cancel" else None)
 
 
@@ -65,10 +62,9 @@ async def wait_run(request: Request) -> Response:
     rt = runtime_of(request)
     thread_id = request.path_params.get("thread_id")
     run = await rt.runs.create(thread_id, body.assistant_id, **_run_options(body))
-    url = f"/threads/{run['thread_id']}/runs/{run['run_id']}"
     return StreamingBody(
         _output(rt, run["run_id"]), media_type="application/json", heartbeat=request.app.state.heartbeat,
-        headers={"location": f"{url}/join", "content-location": url},
+        headers=_run_headers(run["thread_id"], run["run_id"], "join"),
         on_disconnect=_canceller(rt, run["thread_id"], run["run_id"]) if body.on_disconnect == "cancel" else None)
 
 
@@ -92,12 +88,11 @@ async def delete_run(request: Request) -> Response:
 async def join_run(request: Request) -> Response:
     rt = runtime_of(request)
     thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
-    run = await rt.runs.get(thread_id, run_id)
-    url = f"/threads/{thread_id}/runs/{run_id}"
+    await rt.runs.get(thread_id, run_id)  # 404 for an unknown run, before the response starts
     return StreamingBody(
         _output(rt, run_id), media_type="application/json", heartbeat=request.app.state.heartbeat,
-        headers={"location": f"{url}/join", "content-location": url},
-        on_disconnect=_canceller(rt, run["thread_id"], run["run_id"]) if query_bool(request, "cancel_on_disconnect") else None)
+        headers=_run_headers(thread_id, run_id, "join"),
+        on_disconnect=_canceller(rt, thread_id, run_id) if query_bool(request, "cancel_on_disconnect") else None)
 
 
 async def join_run_stream(request: Request) -> Response:
@@ -107,11 +102,10 @@ async def join_run_stream(request: Request) -> Response:
     modes = _stream_modes(request.query_params.get("stream_mode"))
     last_event_id = request.headers.get("last-event-id") or None
     parts = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id)
-    url = f"/threads/{thread_id}/runs/{run_id}"
     return StreamingBody(
         _events(parts, with_id=bool(run["kwargs"].get("stream_resumable"))), media_type="text/event-stream",
-        heartbeat=request.app.state.heartbeat, headers={"location": f"{url}/stream", "content-location": url},
-        on_disconnect=_canceller(rt, run["thread_id"], run["run_id"]) if query_bool(request, "cancel_on_disconnect") else None)
+        heartbeat=request.app.state.heartbeat, headers=_run_headers(thread_id, run_id, "stream"),
+        on_disconnect=_canceller(rt, thread_id, run_id) if query_bool(request, "cancel_on_disconnect") else None)
 
 
 async def cancel_run(request: Request) -> Response:
@@ -122,9 +116,14 @@ async def cancel_run(request: Request) -> Response:
     await rt.runs.cancel(thread_id, run_id, action=action)
     if not wait:
         return Response(status_code=202)
-    url = f"/threads/{thread_id}/runs/{run_id}"
     return StreamingBody(_output(rt, run_id), media_type="application/json", heartbeat=request.app.state.heartbeat,
-                         headers={"location": f"{url}/join", "content-location": url})
+                         headers=_run_headers(thread_id, run_id, "join"))
+
+
+def _run_headers(thread_id: str | None, run_id: str, then: str | None = None) -> dict[str, str]:
+    """``content-location``: the run (under ``/runs`` when stateless); ``location``: its ``then`` (stream, join)."""
+    url = f"/threads/{thread_id}/runs/{run_id}" if thread_id is not None else f"/runs/{run_id}"
+    return {"location": f"{url}/{then}", "content-location": url} if then else {"content-location": url}
 
 
 # -- bodies ------------------------------------------------------------------------
@@ -158,10 +157,11 @@ async def _output(rt: Any, run_id: str) -> AsyncIterator[bytes]:
 def _canceller(rt: Any, thread_id: str | None, run_id: str) -> Callable[[], Awaitable[None]]:
     """Cancels the run when its client goes away (``on_disconnect="cancel"``)."""
     async def cancel() -> None:
-        with contextlib.suppress(BackchannelError):  # it may have ended meanwhile
-            row = await rt.storage.get_run(run_id)
-            if row is not None:
-                await rt.runs.cancel(thread_id or row.thread_id, run_id)
+        with contextlib.suppress(BackchannelError):  # it may have ended, or been deleted, meanwhile
+            if thread_id is not None:
+                await rt.runs.cancel(thread_id, run_id)
+            elif (row := await rt.storage.get_run(run_id)) is not None:  # stateless: on a thread the runtime made
+                await rt.runs.cancel(row.thread_id, run_id)
 
     return cancel
 
