@@ -8,6 +8,7 @@ server's log, never to the client.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -26,8 +27,6 @@ _STATUS: dict[type[Exception], int] = {NotFoundError: 404, ConflictError: 409, I
 
 def detail(status: int, message: str) -> Response:
     """An error response."""
-    if status in (204, 304):
-        return Response(status_code=status)
     return JSONResponse({"detail": message}, status_code=status)
 
 
@@ -36,9 +35,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return detail(exc.status_code, str(exc.detail))
 
 
-async def _known_error(request: Request, exc: Exception) -> Response:
-    status = next(code for kind, code in _STATUS.items() if isinstance(exc, kind))
-    return detail(status, str(exc))
+def _known_error(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The handler of one kind of runtime error (Starlette picks it by the exception's class)."""
+    async def handler(request: Request, exc: Exception) -> Response:
+        return detail(status, str(exc))
+
+    return handler
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -46,5 +48,5 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return detail(500, f"internal server error ({type(exc).__name__}); see the server log")
 
 
-EXCEPTION_HANDLERS = {HTTPException: _http_error, **{kind: _known_error for kind in _STATUS},
+EXCEPTION_HANDLERS = {HTTPException: _http_error, **{kind: _known_error(code) for kind, code in _STATUS.items()},
                       Exception: _unexpected}
