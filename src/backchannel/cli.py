@@ -37,8 +37,15 @@ __all__ = ["main", "resolve_model"]
 COMMANDS = ("chat", "demo", "run", "threads", "serve")
 
 
-async def _show_run(rt: Any, thread_id: str, assistant: str, prompt: str, console: Console) -> None:
-    """Run ``assistant`` on ``prompt`` and show it as it happens, with the panel of its background tasks."""
+async def _show_run(rt: Any, thread_id: str | None, assistant: str, prompt: str, console: Console, *,
+                    metadata: dict[str, Any] | None = None, url: str | None = None) -> None:
+    """Run ``assistant`` on ``prompt`` and show it as it happens, with the panel of its background tasks.
+
+    Without ``thread_id`` it runs on a new thread (with ``metadata``). The thread's id (and the server's
+    ``url``) ends the output, so the user can continue the conversation or look at its tree.
+    """
+    if thread_id is None:
+        thread_id = (await rt.threads.create(metadata=metadata))["thread_id"]
     console.print(Text.assemble(("you › ", "bold"), prompt))
     board = TaskBoard()
     view = StreamView(console, board, assistant, set())
@@ -49,6 +56,8 @@ async def _show_run(rt: Any, thread_id: str, assistant: str, prompt: str, consol
         console.print(board.panel(recent=float("inf")))
     if view.error:
         console.print(f"[red]the run failed: {escape(str(view.error.get('message', view.error)))}[/]")
+    where = f" on {url}" if url else ""
+    console.print(f"[dim]thread {thread_id}{where}[/]")
 
 
 async def run_demo(prompt: str, model: str | None, store: str, console: Console) -> None:
@@ -60,9 +69,7 @@ async def run_demo(prompt: str, model: str | None, store: str, console: Console)
     console.print(Panel(f"[bold]backchannel demo[/] — a supervisor with researcher and analyst subagents in the "
                         f"background\n[dim]{escape(label)} · state: {escape(store)}[/]", border_style="blue"))
     async with LocalRuntime(store, agents={"supervisor": agent}) as rt:
-        thread = await rt.threads.create(metadata={"title": "demo"})
-        await _show_run(rt, thread["thread_id"], "supervisor", prompt, console)
-        console.print(f"[dim]thread {thread['thread_id']}[/]")
+        await _show_run(rt, None, "supervisor", prompt, console, metadata={"title": "demo"})
 
 
 async def run_once(prompt: str, model: str, thread_id: str | None, store: str, console: Console) -> None:
@@ -71,19 +78,15 @@ async def run_once(prompt: str, model: str, thread_id: str | None, store: str, c
 
     agent = create_deep_agent(model, name="assistant")
     async with LocalRuntime(store, agents={"assistant": agent}) as rt:
-        if thread_id is None:
-            thread_id = (await rt.threads.create())["thread_id"]
         await _show_run(rt, thread_id, "assistant", prompt, console)
-        console.print(f"[dim]thread {thread_id}[/]")
 
 
 async def run_remote(prompt: str, url: str, assistant: str, thread_id: str | None, console: Console) -> None:
     """Ask an assistant on a server, showing its reply, tool calls and tasks as they stream."""
-    async with open_runtime("", url) as rt:
-        if thread_id is None:
-            thread_id = (await rt.threads.create())["thread_id"]
-        await _show_run(rt, thread_id, assistant, prompt, console)
-        console.print(f"[dim]thread {thread_id} on {url}[/]")
+    from backchannel.runtime.remote import RemoteRuntime
+
+    async with RemoteRuntime(url) as rt:
+        await _show_run(rt, thread_id, assistant, prompt, console, url=url)
 
 
 def open_runtime(store: str, url: str | None = None) -> Any:
