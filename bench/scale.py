@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -31,8 +30,7 @@ import httpx
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from server import (  # noqa: E402  (a sibling script, not a package)
-    BACKCHANNEL_AGENT, USER, WRK_SCRIPT, _process, free_port, wait_until_up)
+from server import USER, backchannel_server, wrk_requests_per_second  # noqa: E402  (a sibling script)
 from step_overhead import emit_report  # noqa: E402
 
 CLIENTS = 64
@@ -43,19 +41,9 @@ TARGETS = {"scaling_1_to_2": 1.6, "postgres_share_of_sqlite": 0.5}
 @contextmanager
 def servers(workdir: Path, database: str, count: int):
     """``count`` server processes on ``database``; yields their URLs."""
-    (workdir / "bench_agents.py").write_text(BACKCHANNEL_AGENT)
-    urls = []
     with ExitStack() as stack:
-        for i in range(count):
-            port = free_port()
-            log = workdir / f"server-{i}.log"
-            command = [sys.executable, "-m", "backchannel.cli", "serve", "--port", str(port), "--agents",
-                       "echo=bench_agents:agent", "--database", database]
-            process = stack.enter_context(_process(command, workdir, log))
-            url = f"http://127.0.0.1:{port}"
-            wait_until_up(url, process, log)
-            urls.append(url)
-        yield urls
+        yield [stack.enter_context(backchannel_server(workdir, database, f"server-{i}.log"))[0]
+               for i in range(count)]
 
 
 def throughput(urls: list[str], seconds: float) -> float:
@@ -68,18 +56,7 @@ def throughput(urls: list[str], seconds: float) -> float:
     wrk = shutil.which("wrk")
     if wrk is None:  # a Python client on the same two cores would measure itself, not the servers
         raise SystemExit("bench/scale.py needs wrk: apt-get install wrk")
-    per_server = CLIENTS // len(urls)
-    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
-        script.write(WRK_SCRIPT)
-        script.flush()
-        loads = [subprocess.Popen([wrk, "-t1", f"-c{per_server}", f"-d{seconds:.0f}s", "-s", script.name, url],
-                                  stdout=subprocess.PIPE, text=True) for url in urls]
-        outputs = [load.communicate()[0] for load in loads]
-    for output in outputs:
-        if "Non-2xx" in output:
-            raise RuntimeError(f"runs failed under load:\n{output}")
-    return sum(float(next(line.split()[1] for line in output.splitlines() if line.startswith("Requests/sec:")))
-               for output in outputs)
+    return wrk_requests_per_second(wrk, urls, 1, CLIENTS // len(urls), seconds)
 
 
 def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:

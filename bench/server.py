@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,7 +36,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,12 +121,14 @@ def wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path, timeout
 
 
 @contextmanager
-def backchannel_server(workdir: Path) -> Iterator[tuple[str, int]]:
+def backchannel_server(workdir: Path, database: str | None = None,
+                       log_name: str = "backchannel.log") -> Iterator[tuple[str, int]]:
+    """``backchannel serve`` of the echo agent on ``database`` (a SQLite file in ``workdir`` by default)."""
     (workdir / "bench_agents.py").write_text(BACKCHANNEL_AGENT)
     port = free_port()
-    log = workdir / "backchannel.log"
+    log = workdir / log_name
     command = [sys.executable, "-m", "backchannel.cli", "serve", "--port", str(port), "--agents",
-               "echo=bench_agents:agent", "--database", f"sqlite:///{workdir}/state.db"]
+               "echo=bench_agents:agent", "--database", database or f"sqlite:///{workdir}/state.db"]
     with _process(command, workdir, log) as process:
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url, process, log)
@@ -228,19 +231,34 @@ end
 """
 
 
+def wrk_requests_per_second(wrk: str, urls: list[str], threads: int, connections: int, seconds: float) -> float:
+    """Requests per second summed over one ``wrk`` per URL, all at once, each looping ``WRK_SCRIPT``.
+
+    Every ``wrk`` gets its own random seed: Lua's generator starts from the same one in every process, so
+    parallel load generators would otherwise send the same thread ids and queue behind each other."""
+    with ExitStack() as stack:
+        loads = []
+        for url in urls:
+            script = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".lua"))
+            script.write(f"math.randomseed({random.getrandbits(31)})\n{WRK_SCRIPT}")
+            script.flush()
+            loads.append(subprocess.Popen([wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds:.0f}s", "-s",
+                                           script.name, url], stdout=subprocess.PIPE, text=True))
+        outputs = [(load.communicate()[0], load.returncode) for load in loads]
+    total = 0.0
+    for output, returncode in outputs:
+        if returncode != 0 or "Non-2xx" in output:
+            raise RuntimeError(f"runs failed under load (wrk exited {returncode}):\n{output}")
+        total += float(next(line.split()[1] for line in output.splitlines() if line.startswith("Requests/sec:")))
+    return total
+
+
 async def _throughput(http: httpx.AsyncClient, seconds: float) -> float:
     wrk = shutil.which("wrk")
     if wrk is None:
         return await _throughput_httpx(http, seconds)
-    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
-        script.write(WRK_SCRIPT)
-        script.flush()
-        done = await asyncio.to_thread(subprocess.run, [
-            wrk, "-t2", f"-c{CLIENTS}", f"-d{seconds:.0f}s", "-s", script.name, str(http.base_url).rstrip("/")],
-            capture_output=True, text=True, check=True)
-    if "Non-2xx" in done.stdout:
-        raise RuntimeError(f"runs failed under load:\n{done.stdout}")
-    return float(next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("Requests/sec:")))
+    return await asyncio.to_thread(wrk_requests_per_second, wrk, [str(http.base_url).rstrip("/")], 2, CLIENTS,
+                                   seconds)
 
 
 async def _throughput_httpx(http: httpx.AsyncClient, seconds: float) -> float:

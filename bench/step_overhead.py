@@ -46,8 +46,6 @@ IMPORT_TARGETS = {"backchannel": "backchannel", "langchain": "langchain.agents",
 DISTRIBUTIONS = ("backchannel", "langchain", "langchain-core", "langgraph", "deepagents", "pydantic")
 
 TOOL_KINDS = ("async", "sync", "inline")  # inline: backchannel's @tool(inline=True) sync tool
-TOOL_KIND_LABELS = {"async": "async tool", "sync": "sync tool (worker thread)",
-                    "inline": "sync tool, @tool(inline=True) (on the event loop)"}
 
 TARGETS = {
     "step_us_at_50": 50.0,
