@@ -108,7 +108,7 @@ class Terminal:
     def type(self, text: str) -> None:
         """Type a line and press Enter."""
         self.child.send(text)
-        self.settle()
+        self.settle(0.05)
         self.child.send("\r")
 
     def send(self, keys: str) -> None:
