@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 POSTGRES_ENV = "BACKCHANNEL_TEST_POSTGRES"
+BACKENDS = ["memory", "sqlite", "postgres"]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -39,3 +40,13 @@ def postgres_url() -> Iterator[str]:
 
     with scratch_schema(postgres_server(), "test") as url:
         yield url
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request, tmp_path):
+    """A fresh store of each backend in turn: memory, a SQLite file, a Postgres schema."""
+    if request.param == "memory":
+        return "memory"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/default.db"
+    return request.getfixturevalue("postgres_url")

@@ -67,14 +67,6 @@ def build(tmp_path, store=None, mirror=True, summary: str = SUMMARY):
     return policy, memory, handoff, agent
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store_url(request, tmp_path):
-    """Each backend in turn: the summary mirror lands in the runtime's own store, Postgres included."""
-    if request.param == "postgres":
-        return request.getfixturevalue("postgres_url")
-    return "memory" if request.param == "memory" else f"sqlite:///{tmp_path}/state.db"
-
-
 async def chat(rt, thread, text):
     return await rt.runs.wait(thread, "agent", input={"messages": [{"role": "user", "content": text}]})
 

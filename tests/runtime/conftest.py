@@ -9,19 +9,6 @@ from runtime_helpers import echo_agent
 
 from backchannel.runtime import LocalRuntime
 
-BACKENDS = ["memory", "sqlite", "postgres"]
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url(request, tmp_path):
-    """A fresh store of each backend in turn: memory, a SQLite file, a Postgres schema."""
-    if request.param == "memory":
-        return "memory"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/default.db"
-    return request.getfixturevalue("postgres_url")
-
-
 @pytest.fixture
 async def make_runtime(store_url):
     """``await make_runtime(agents, store=..., **kw)``: an open LocalRuntime, closed after the test.
