@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+from subagent_helpers import wait_until
 
 from backchannel import AIMessage, HumanMessage, ScriptedModel, SystemMessage, ToolMessage, create_agent
 from backchannel.errors import InvalidRequestError
@@ -440,10 +441,7 @@ async def test_a_store_that_is_down_never_blocks_the_handoff_and_catches_up_when
         assert result.handoff_id in json.loads((tmp_path / "outbox.json").read_text())
 
         down.failures = 0  # the store is back
-        for _ in range(200):
-            if not mirror.pending:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: not mirror.pending, what="the outbox to drain")
         assert mirror.stats.pending == 0 and not (tmp_path / "outbox.json").exists()
         item = await rt.store.get_item(["agent", "thread_summaries"], key=result.handoff_id)
         assert item["value"]["summary_json"]["child_thread_id"] == result.child_thread_id
@@ -497,9 +495,6 @@ async def test_summaries_waiting_in_the_outbox_are_mirrored_after_a_restart(tmp_
         rt.register("agent", agent)
         assert handoff.mirror.stats.pending == 1
         await chat(rt, (await rt.threads.create())["thread_id"], "hello")  # any run starts the catch-up
-        for _ in range(200):
-            if not handoff.mirror.pending:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: not handoff.mirror.pending, what="the outbox to drain")
         assert await rt.store.get_item(["agent", "thread_summaries"], key=result.handoff_id)
         assert not outbox.exists()

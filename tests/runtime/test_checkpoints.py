@@ -1,9 +1,7 @@
 """Checkpoints: one per step, deltas that grow linearly, reading earlier states, and forking from them."""
 
-import asyncio
-
 import pytest
-from runtime_helpers import contents, echo_agent, looping_agent, user
+from runtime_helpers import contents, echo_agent, eventually, looping_agent, user
 
 from backchannel import NotFoundError
 
@@ -198,12 +196,13 @@ async def test_a_supervisor_s_state_stays_cached_through_a_fan_out_of_its_tasks(
                               max_concurrent_tasks=k)
     rt = await make_runtime({"supervisor": agent}, max_concurrency=k + 1)
     await rt.runs.wait("boss", "supervisor", input=user("go"), if_not_exists="create")
-    for _ in range(200):  # every task reported back, each waking the supervisor's thread (notify mode)
+
+    async def all_reported() -> bool:  # every task reported back, each waking the supervisor's thread (notify mode)
         children = await rt.threads.search(metadata={"parent_thread_id": "boss"}, limit=100)
-        if (len(children) == k and all(c["status"] == "idle" for c in children)
-                and not await rt.storage.active_runs("boss") and not await rt.storage.inbox("boss")):
-            break
-        await asyncio.sleep(0.02)
+        return (len(children) == k and all(c["status"] == "idle" for c in children)
+                and not await rt.storage.active_runs("boss") and not await rt.storage.inbox("boss"))
+
+    await eventually(all_reported, timeout=10, interval=0.02)
     tasks = (await rt.threads.get_state("boss"))["values"]["async_tasks"]
     assert len(tasks) == k and {t["status"] for t in tasks.values()} == {"success"}
     assert "boss" not in rebuilt  # its wake-up runs found its state cached, not refolded from storage

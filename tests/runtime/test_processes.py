@@ -5,6 +5,7 @@ runs on threads that all the workers share. The test reads only the database
 and the workers' tool log (every tool call, with its pid and time).
 """
 
+import asyncio
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from collections import Counter, defaultdict
 from datetime import datetime, timezone
 
 import pytest
+from subagent_helpers import wait_until
 
 from backchannel.runtime import open_storage
 from backchannel.runtime.checkpoints import Checkpointer
@@ -95,12 +97,14 @@ def _log(tmp_path):
     return [(int(pid), what, turn, int(i), float(at)) for pid, what, turn, i, at in (line.split() for line in lines)]
 
 
-def _wait(condition, timeout, what, procs=()):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}" + _stacks(procs))
-        time.sleep(0.05)
+async def _wait(condition, timeout, what, procs=(), interval=0.05):
+    """Poll ``condition`` (sync or async) without blocking the event loop; returns its truthy value.
+
+    On timeout, fails with what the workers were doing."""
+    try:
+        return await wait_until(condition, timeout, interval, what)
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}{_stacks(procs)}") from None
 
 
 def _stacks(procs):
@@ -123,10 +127,10 @@ async def test_a_killed_process_s_runs_finish_on_the_others_once_each_in_order(t
     plans = {name: [(t, f"{name}-{t}-{k}") for k in range(2) for t in threads] for name in names}
     procs = {name: _start(tmp_path, postgres_url, name, plans[name]) for name in names}
     try:
-        _wait(lambda: all((tmp_path / f"{n}.json").exists() for n in names), 30, "the workers to queue their runs",
+        await _wait(lambda: all((tmp_path / f"{n}.json").exists() for n in names), 30, "the workers to queue their runs",
               procs.values())
         doomed = procs["w0"]
-        _wait(lambda: sum(pid == doomed.pid and what == "start" for pid, what, *_ in _log(tmp_path)) >= 2, 20,
+        await _wait(lambda: sum(pid == doomed.pid and what == "start" for pid, what, *_ in _log(tmp_path)) >= 2, 20,
               "the first worker to be mid-run", procs.values())
         storage = open_storage(postgres_url)
         await storage.open()
@@ -141,12 +145,13 @@ async def test_a_killed_process_s_runs_finish_on_the_others_once_each_in_order(t
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(5)
             killed_at = time.monotonic()
-            deadline = time.monotonic() + 30
-            while True:
-                rows = {r: await storage.get_run(r) for r in every}
-                if all(row.status == "success" for row in rows.values()) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
+            rows = {}
+
+            async def all_succeeded():
+                rows.update({r: await storage.get_run(r) for r in every})
+                return all(row.status == "success" for row in rows.values())
+
+            await _wait(all_succeeded, 30, "every run to succeed", procs.values(), interval=0.1)
             assert Counter(row.status for row in rows.values()) == Counter({"success": len(every)})
             took = time.monotonic() - killed_at
             survivors = {w for w, (info, _) in (await storage.workers()).items() if info["pid"] != doomed.pid}
@@ -207,12 +212,12 @@ async def test_every_run_queued_by_several_processes_runs_exactly_once(tmp_path,
     plans = {name: [(t, f"{name}-{t}-0") for t in threads] for name in names}
     procs = {name: _start(tmp_path, postgres_url, name, plans[name]) for name in names}
     try:
-        _wait(lambda: all((tmp_path / f"{name}.json").exists() for name in names), 30, "the workers to queue",
+        await _wait(lambda: all((tmp_path / f"{name}.json").exists() for name in names), 30, "the workers to queue",
               procs.values())
         total = len(threads) * n * STEPS
-        _wait(lambda: sum(what == "end" for _, what, *_ in _log(tmp_path)) >= total, 30, "every step",
+        await _wait(lambda: sum(what == "end" for _, what, *_ in _log(tmp_path)) >= total, 30, "every step",
               procs.values())
-        time.sleep(0.3)
+        await asyncio.sleep(0.3)
     finally:
         for proc in procs.values():
             proc.kill()
@@ -276,10 +281,8 @@ async def test_no_notification_is_lost_or_doubled_when_the_process_running_the_s
                                                   "AND thread_id NOT LIKE 'parent-%'")).fetchone()
             return found[0] > 0
 
-        deadline = time.monotonic() + 30
-        while not ((tmp_path / "w0.json").exists() and await children_running()):
-            assert time.monotonic() < deadline, "the subagents never started" + _stacks(procs.values())
-            time.sleep(0.02)
+        await _wait(lambda: (tmp_path / "w0.json").exists() and children_running(), 30, "the subagents to start",
+                    procs.values(), interval=0.02)
         procs["w0"].send_signal(signal.SIGKILL)
         procs["w0"].wait(5)
 
@@ -292,11 +295,8 @@ async def test_no_notification_is_lost_or_doubled_when_the_process_running_the_s
             active = [r for p in parents for r in await storage.active_runs(p)]
             return notes if not active and all(len(n) >= tasks for n in notes.values()) else None
 
-        deadline = time.monotonic() + 40
-        while not (notes := await reported()):
-            assert time.monotonic() < deadline, "the notifications never all arrived" + _stacks(procs.values())
-            time.sleep(0.1)
-        time.sleep(2 * LEASE)  # nothing more arrives later
+        notes = await _wait(reported, 40, "every notification to arrive", procs.values(), interval=0.1)
+        await asyncio.sleep(2 * LEASE)  # nothing more arrives later
         assert await reported() == notes
         for parent in parents:
             task_ids = [m.additional_kwargs["task_notification"]["task_id"] for m in notes[parent]]
