@@ -46,6 +46,11 @@ class ThreadServer:
         self.thread.join(timeout=15)
 
 
+def user(text: str) -> dict[str, Any]:
+    """A run's input: one user message."""
+    return {"messages": [{"role": "user", "content": text}]}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,10 +10,7 @@ import httpx
 import pytest
 from langgraph_sdk.errors import ConflictError, NotFoundError
 from langgraph_sdk.schema import Command
-
-
-def user(text: str) -> dict:
-    return {"messages": [{"role": "user", "content": text}]}
+from server_helpers import user
 
 
 async def until_status(client, thread_id: str, run_id: str, *statuses: str, timeout: float = 5.0) -> dict:

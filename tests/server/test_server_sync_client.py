@@ -7,10 +7,7 @@ import time
 import pytest
 from langgraph_sdk.errors import ConflictError, NotFoundError
 from langgraph_sdk.schema import Command
-
-
-def user(text: str) -> dict:
-    return {"messages": [{"role": "user", "content": text}]}
+from server_helpers import user
 
 
 def test_threads_runs_state_store_and_assistants(sync_client):

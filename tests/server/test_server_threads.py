@@ -5,10 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from langgraph_sdk.errors import ConflictError, NotFoundError
-
-
-def user(text: str) -> dict:
-    return {"messages": [{"role": "user", "content": text}]}
+from server_helpers import user
 
 
 async def test_create_get_update_and_delete(client):
