@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -106,7 +105,7 @@ async def test_the_agent_has_its_subagents_memory_handoff_and_approvals(tmp_path
 
 async def test_a_run_can_choose_its_model_by_provider_name(tmp_path, monkeypatch):
     """What /model sends: the run's model calls go to the named provider (a loopback OpenAI-compatible server)."""
-    sys.path.insert(0, str(Path(__file__).parent / "models"))
+    monkeypatch.syspath_prepend(Path(__file__).parent / "models")
     from provider_fakes import FakeServer, openai_completion
 
     fake = FakeServer().start()

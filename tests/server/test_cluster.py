@@ -75,7 +75,6 @@ async def test_three_servers_share_500_runs_and_survive_losing_one(tmp_path, pos
         killed = datetime.now(timezone.utc).isoformat()
         doomed.stop(signal.SIGKILL)
         await asyncio.gather(*rest)
-        killed_at = time.monotonic()
 
         async def settled() -> bool:
             (active,) = (await _sql(storage, "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"))[0]
@@ -85,7 +84,6 @@ async def test_three_servers_share_500_runs_and_survive_losing_one(tmp_path, pos
         while not await settled():
             assert time.monotonic() < deadline, "the runs did not all finish" + _logs(servers)
             await asyncio.sleep(0.2)
-        took = time.monotonic() - killed_at
         survivor = clients[1]
 
         turns_done: list[int] = []
@@ -123,7 +121,6 @@ async def test_three_servers_share_500_runs_and_survive_losing_one(tmp_path, pos
         assert all(row.status == "success" and (row.worker_id != doomed_worker or row.updated_at <= killed)
                    for row in ended)
         assert any(row.worker_id != doomed_worker for row in ended), "the killed server had no runs in hand"
-        assert took < 120
     finally:
         await storage.close()
         for server in servers:

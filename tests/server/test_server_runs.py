@@ -207,6 +207,7 @@ async def test_stateless_runs_leave_no_thread(client):
     assert values["messages"][-1]["content"] == "echo: no thread"
     parts = [p async for p in client.runs.stream(None, "echo", input=user("streamed"), stream_mode="updates")]
     assert parts[-1].data["model"]["messages"][0]["content"] == "echo: streamed"
+    assert await client.threads.count() == before  # both threads went before their runs' ends were sent
     run = await client.runs.create(None, "echo", input=user("background"))
     assert run["status"] == "pending"
     assert await client.threads.count() <= before + 1  # the background one may not have finished yet
@@ -236,7 +237,8 @@ async def test_stream_responses_carry_location_headers_and_heartbeats(server):
     assert body.startswith("event: metadata\r\ndata: ")
     assert ": heartbeat" in body  # the server under test beats every 0.2 s; the model call takes 0.4 s
     assert "event: updates\r\ndata: " in body
-    run = (await httpx.AsyncClient(base_url=server.url).get(run_url)).json()
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        run = (await http.get(run_url)).json()
     assert run["status"] == "success"
 
 
