@@ -74,13 +74,13 @@ async def test_a_runtime_cancels_a_run_another_executes(runtimes):
 async def test_a_runtime_cancels_a_run_queued_in_another_before_it_starts(runtimes):
     a, b = await runtimes(echo_agent())
     tid = (await a.threads.create())["thread_id"]
-    run = await a.runs.create(tid, "agent", input=user("later"), after_seconds=2)
+    run = await a.runs.create(tid, "agent", input=user("later"), after_seconds=0.5)
     waiting = asyncio.create_task(a.runs.join(tid, run["run_id"]))
     await b.runs.cancel(tid, run["run_id"])
     await asyncio.wait_for(waiting, 2)  # the creator's own waiters hear of it
     assert (await a.runs.get(tid, run["run_id"]))["status"] == "interrupted"
     assert (await a.threads.get(tid))["status"] == "idle"
-    await asyncio.sleep(2.2)  # its time comes and goes: it never runs
+    await asyncio.sleep(0.7)  # its time comes and goes: it never runs
     assert (await a.threads.get_state(tid))["values"] == {}
 
 
