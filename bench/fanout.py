@@ -44,8 +44,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peers import reply_chat_model  # noqa: E402  (sibling scripts, not a package)
-from step_overhead import (  # noqa: E402
-    LANGGRAPH_CONFIG, PROMPT, Stats, _langchain_kit, _progress, emit_report, versions)
+from step_overhead import LANGGRAPH_CONFIG, PROMPT, Stats, _langchain_kit, _progress, emit_report, versions  # noqa: E402
 
 KS = (10, 100, 1_000)
 SQLITE_KS = (1_000,)

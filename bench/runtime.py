@@ -38,7 +38,15 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_overhead import (  # noqa: E402  (a sibling script, not a package)
-    LANGGRAPH_CONFIG, PROMPT, STEPS_PER_SAMPLE, Stats, _langchain_kit, _progress, emit_report, versions)
+    LANGGRAPH_CONFIG,
+    PROMPT,
+    STEPS_PER_SAMPLE,
+    Stats,
+    _langchain_kit,
+    _progress,
+    emit_report,
+    versions,
+)
 
 THREADS = 1_000  # runs started at once in the throughput workload
 WARMUP_RUNS = 20  # runs on the same store before a throughput sample is timed

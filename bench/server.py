@@ -32,7 +32,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from collections.abc import Iterator

@@ -16,7 +16,6 @@ from backchannel import (
 )
 from backchannel.messages import messages_from_input, text_of
 
-
 # -- the types -------------------------------------------------------------------
 
 

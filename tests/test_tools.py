@@ -4,7 +4,7 @@ import asyncio
 import operator
 import threading
 import time
-from typing import Annotated, Literal, Optional, TypedDict
+from typing import Annotated, Literal, TypedDict
 
 import pytest
 
@@ -194,7 +194,7 @@ def test_schema_defaults_optional_literal_and_list_types():
         name: str,
         tags: list[str],
         mode: Literal["fast", "slow"] = "fast",
-        limit: Optional[int] = None,
+        limit: int | None = None,
         verbose: bool = False,
     ) -> str:
         """Configure something."""

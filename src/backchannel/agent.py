@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,8 +27,8 @@ from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_fr
 from backchannel.middleware import HOOKS, JUMPS, Middleware, ModelHandler, ToolCallRequest, ToolHandler, overrides
 from backchannel.models import init_model
 from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, TextDelta, ToolCallDelta
-from backchannel.streaming import AgentStream
 from backchannel.state import MessageList, Reducer, apply_update, reducers_of, snapshot
+from backchannel.streaming import AgentStream
 from backchannel.tools import Tool, ToolArgumentsError, ToolError, ToolResult, ToolRuntime, as_tool
 
 __all__ = ["Agent", "RunResult", "create_agent"]

@@ -9,6 +9,7 @@ from runtime_helpers import echo_agent
 
 from backchannel.runtime import LocalRuntime
 
+
 @pytest.fixture
 async def make_runtime(store_url):
     """``await make_runtime(agents, store=..., **kw)``: an open LocalRuntime, closed after the test.

@@ -1,6 +1,7 @@
 """Postgres storage: URLs, connection errors, what a cancelled statement leaves."""
 
 import asyncio
+from datetime import UTC
 
 import pytest
 
@@ -48,7 +49,7 @@ async def test_a_database_that_cannot_be_reached_fails_to_open_with_its_error(po
 
 
 async def test_heartbeats_go_by_the_database_clock(postgres_url):
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     storage = open_storage(postgres_url)
     await storage.open()
@@ -56,6 +57,6 @@ async def test_heartbeats_go_by_the_database_clock(postgres_url):
         # the caller's clock is far off: the heartbeat still counts as fresh, on the caller's own clock
         await storage.heartbeat("w", {"pid": 1}, "2000-01-01T00:00:00+00:00")
         (_, beat), = (await storage.workers()).values()
-        assert abs(datetime.now(timezone.utc) - datetime.fromisoformat(beat)) < timedelta(seconds=5)
+        assert abs(datetime.now(UTC) - datetime.fromisoformat(beat)) < timedelta(seconds=5)
     finally:
         await storage.close()

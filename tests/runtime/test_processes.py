@@ -14,7 +14,7 @@ import sys
 import textwrap
 import time
 from collections import Counter, defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from subagent_helpers import wait_until
@@ -141,7 +141,7 @@ async def test_a_killed_process_s_runs_finish_on_the_others_once_each_in_order(t
             dead_worker = next(w for w, (info, _) in (await storage.workers()).items() if info["pid"] == doomed.pid)
             in_hand = [r for r in every if (row := await storage.get_run(r)).worker_id == dead_worker
                        and row.status in ("pending", "running")]
-            killed = datetime.now(timezone.utc).isoformat()
+            killed = datetime.now(UTC).isoformat()
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(5)
             killed_at = time.monotonic()

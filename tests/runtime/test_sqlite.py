@@ -9,7 +9,7 @@ from runtime_helpers import contents, echo_agent, looping_agent, user
 from backchannel.runtime import LocalRuntime, open_storage
 from backchannel.runtime.memory import MemoryStorage
 from backchannel.runtime.sqlite import SQLiteStorage
-from backchannel.runtime.storage import CheckpointRow, RunRow, ThreadRow, now_iso
+from backchannel.runtime.storage import ThreadRow, now_iso
 
 
 @pytest.fixture

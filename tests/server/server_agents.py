@@ -5,7 +5,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from backchannel import AIMessage, HumanInTheLoop, HumanMessage, ScriptedModel, ToolMessage, ToolRuntime, create_agent, tool
+from backchannel import (
+    AIMessage,
+    HumanInTheLoop,
+    HumanMessage,
+    ScriptedModel,
+    ToolMessage,
+    ToolRuntime,
+    create_agent,
+    tool,
+)
 from backchannel.deep_agent import create_deep_agent
 from backchannel.subagents import SubAgent
 

@@ -12,7 +12,7 @@ import asyncio
 import signal
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 from langgraph_sdk import get_client
@@ -72,7 +72,7 @@ async def test_three_servers_share_500_runs_and_survive_losing_one(tmp_path, pos
         # what the doomed server has in hand: queued or running, for nobody but it
         orphans = {r for (r,) in await _sql(storage, "SELECT run_id FROM runs WHERE worker_id = %s AND status IN "
                                                      "('pending', 'running')", (doomed_worker,))}
-        killed = datetime.now(timezone.utc).isoformat()
+        killed = datetime.now(UTC).isoformat()
         doomed.stop(signal.SIGKILL)
         await asyncio.gather(*rest)
 

@@ -20,7 +20,6 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 
-
 _COMMAND = re.compile(r"^(start_async_task|check_async_task|update_async_task|cancel_async_task|list_async_tasks) ")
 
 

@@ -77,7 +77,7 @@ async def test_a_supervisor_server_that_was_down_gets_the_result_when_it_is_back
             notes = await until_reported(rt, thread["thread_id"])
             assert len(notes) == 1 and notes[0]["additional_kwargs"]["task_notification"]["task_id"] == task["task_id"]
             await asyncio.sleep(1.0)  # a duplicate would have arrived by now
-            assert len((await until_reported(rt, thread["thread_id"]))) == 1
+            assert len(await until_reported(rt, thread["thread_id"])) == 1
         async with RemoteRuntime(researcher_server.url, api_key=None) as there:
             assert (await there.store.search_items(["backchannel", "outbox"]))["items"] == []
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from server_helpers import ProcessServer, free_port
 
@@ -41,7 +41,7 @@ async def test_sigterm_finishes_short_runs_and_resumes_the_rest_once(tmp_path):
 
         await until(short_is_running)
     assert first.stop() in (0, -signal.SIGTERM)
-    stopped = datetime.now(timezone.utc)
+    stopped = datetime.now(UTC)
 
     second = server().start()
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -316,7 +316,7 @@ class RunsClient:
             "timeout": timeout, "wake": _wake, "webhook": webhook}
         if command and "resume" in command and not active:
             kwargs["resume_map"] = resume_map(thread, command["resume"])
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         assistant = _assistant_id(graph_id)
         run_metadata = {**thread.metadata, **(config or {}).get("metadata", {}), **dict(metadata or {}),
                         "graph_id": graph_id, "assistant_id": assistant}

@@ -22,7 +22,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from backchannel.agent import Agent, RunResult, describe_error
@@ -45,8 +45,7 @@ from backchannel.runtime.storage import RunEnd, RunRow, Storage, now_iso, open_s
 from backchannel.runtime.streams import RunStream
 from backchannel.runtime.webhooks import post_webhook
 from backchannel.serde import to_jsonable
-from backchannel.state import snapshot
-from backchannel.state import Reducer
+from backchannel.state import Reducer, snapshot
 
 __all__ = ["DEFAULT_STORE", "LocalRuntime", "assistant_id_for"]
 
@@ -697,4 +696,4 @@ def _is_alive(info: dict[str, Any], heartbeat_at: str, lease: float) -> bool:
             return False
         except PermissionError:
             pass
-    return datetime.now(timezone.utc) - datetime.fromisoformat(heartbeat_at) < timedelta(seconds=lease)
+    return datetime.now(UTC) - datetime.fromisoformat(heartbeat_at) < timedelta(seconds=lease)

@@ -17,9 +17,9 @@ import asyncio
 import json
 import logging
 import uuid
-from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
 
 import psycopg
@@ -387,7 +387,7 @@ class PostgresStorage(Storage):
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
         rows = await self._all("SELECT worker_id, info, extract(epoch FROM now() - heartbeat_at::timestamptz) "
                                "FROM workers")
-        here = datetime.now(timezone.utc)
+        here = datetime.now(UTC)
         return {w: (json.loads(info), (here - timedelta(seconds=float(age))).isoformat()) for w, info, age in rows}
 
     async def forget_worker(self, worker_id: str) -> None:

@@ -11,7 +11,7 @@ import abc
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from backchannel.messages import AnyMessage
@@ -36,7 +36,7 @@ def now_iso() -> str:
     second, text = _second
     if int(now) != second:
         second = int(now)
-        text = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
         _second = (second, text)
     return f"{text}.{int((now - second) * 1_000_000):06d}+00:00"
 
