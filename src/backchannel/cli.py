@@ -174,6 +174,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grace", type=float, default=10.0, help="seconds running runs get to finish on stop")
     serve.add_argument("--lease", type=float, default=30.0,
                        help="with Postgres: seconds without a heartbeat before other servers take this one's runs")
+    serve.add_argument("--cors-origins", default=None, metavar="ORIGIN,...",
+                       help="web pages that may call the server ('*': any; default without an API key: this "
+                            "machine's pages and LangGraph Studio; with one: any)")
+    serve.add_argument("--allowed-hosts", default=None, metavar="NAME,...",
+                       help="host names the server answers to besides loopback and IP addresses ('*': any)")
     for p in (demo, run, threads):
         p.add_argument("--store", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
     for p in (chat, demo, run, serve):
@@ -212,8 +217,14 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     if demo_page is not None:
         console.print(f"demo page: [bold]http://{args.host}:{args.port}/[/] ({escape(demo_page.model_label)})")
     serve(agents, host=args.host, port=args.port, database=args.database, api_key=args.api_key,
-          public_url=args.public_url, grace=args.grace, lease=args.lease, demo_page=demo_page)
+          public_url=args.public_url, grace=args.grace, lease=args.lease, demo_page=demo_page,
+          cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts))
     return 0
+
+
+def _names(option: str | None) -> list[str] | None:
+    """A comma-separated option as a list (``None`` when not given)."""
+    return [n.strip() for n in option.split(",") if n.strip()] if option else None
 
 
 def run_demo_web(prompt: str, model: str | None, store: str, port: int, open_browser: bool,

@@ -99,7 +99,7 @@ async def test_an_oversized_body_is_413(tmp_path):
                 for _ in range(3):
                     yield b"x" * 600
 
-            chunked = await http.post("/threads", content=chunks())
+            chunked = await http.post("/threads", content=chunks(), headers={"content-type": "application/json"})
             small = await http.post("/threads", json={"metadata": {"ok": True}})
     assert response.status_code == 413 and "limit of 1000 bytes" in response.json()["detail"]
     assert chunked.status_code == 413

@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from backchannel.server import assistants, runs, store, threads
 from backchannel.server.auth import APIKeyMiddleware
+from backchannel.server.browsers import BrowserGuard, BrowserPolicy, default_policy
 from backchannel.server.errors import EXCEPTION_HANDLERS
 from backchannel.server.openapi import openapi_document
 from backchannel.server.routing import Endpoint, JSONResponse, routes
@@ -57,10 +58,13 @@ ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINT
 
 
 def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               heartbeat: float = 5.0, grace: float = 10.0, demo_page: DemoPage | None = None) -> Starlette:
+               heartbeat: float = 5.0, grace: float = 10.0, demo_page: DemoPage | None = None,
+               browsers: BrowserPolicy | None = None) -> Starlette:
     """The server app for ``runtime``; with ``api_key``, requests need it in the ``x-api-key`` header.
 
-    ``demo_page`` adds the demo's web page at ``/`` (its own files need no key).
+    ``browsers`` says which web pages may call it (CORS) and under which host names
+    (default: :func:`~backchannel.server.browsers.default_policy`). ``demo_page`` adds the
+    demo's web page at ``/`` (its own files need no key).
     """
     from backchannel import __version__
 
@@ -74,9 +78,11 @@ def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int 
 
     page_routes = demo_page.routes() if demo_page is not None else []
     open_paths = demo_page.paths if demo_page is not None else frozenset()
-    middleware = [Middleware(APIKeyMiddleware, api_key=api_key, open_paths=open_paths)] if api_key else []
-    app = Starlette(routes=[*routes(ENDPOINTS), *page_routes], middleware=middleware, exception_handlers=EXCEPTION_HANDLERS,
-                    lifespan=lifespan)
+    middleware = [Middleware(BrowserGuard, policy=browsers or default_policy(api_key=api_key))]
+    if api_key:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=api_key, open_paths=open_paths))
+    app = Starlette(routes=[*routes(ENDPOINTS), *page_routes], middleware=middleware,
+                    exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.max_body_bytes = max_body_bytes
     app.state.heartbeat = heartbeat

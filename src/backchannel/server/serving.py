@@ -6,6 +6,7 @@ import ipaddress
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,7 @@ def is_loopback(host: str) -> bool:
 def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           database: str | None = None, api_key: str | None = None, public_url: str | None = None,
           grace: float = 10.0, lease: float = 30.0, log_level: str = "info", demo_page: DemoPage | None = None,
+          cors_origins: Sequence[str] | None = None, allowed_hosts: Sequence[str] | None = None,
           on_ready: Callable[[], None] | None = None) -> None:
     """Serve ``agents`` over HTTP until SIGINT or SIGTERM (then: no new runs, ``grace`` seconds for running ones).
 
@@ -84,17 +86,22 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
     tasks on other servers report back there. ``demo_page`` serves the demo's web
     page at ``/``; ``on_ready`` is called (from another thread) once the server accepts connections.
     With a Postgres ``database``, servers sharing it take a server's runs over once it has
-    missed its heartbeats for ``lease`` seconds.
+    missed its heartbeats for ``lease`` seconds. ``cors_origins`` and ``allowed_hosts`` say which web
+    pages may call it and under which names (see :func:`~backchannel.server.browsers.default_policy`).
     """
     import uvicorn
 
     from backchannel.runtime import DEFAULT_STORE, LocalRuntime
     from backchannel.server.app import create_app
+    from backchannel.server.browsers import default_policy
 
     url = public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     runtime = LocalRuntime(database or DEFAULT_STORE, {graph_id: served(a) for graph_id, a in agents.items()},
                            public_url=url, lease=lease, heartbeat_interval=min(5.0, lease / 5))
-    app = create_app(runtime, api_key=api_key, grace=grace, demo_page=demo_page)
+    names = [host, urllib.parse.urlsplit(url).hostname or host]
+    browsers = default_policy(api_key=api_key, cors_origins=cors_origins, allowed_hosts=allowed_hosts,
+                              served_names=names)
+    app = create_app(runtime, api_key=api_key, grace=grace, demo_page=demo_page, browsers=browsers)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                                            timeout_graceful_shutdown=int(grace) or None))
     if on_ready is not None:
