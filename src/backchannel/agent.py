@@ -244,8 +244,9 @@ class Agent:
                     name, start = "after_agent", 0
                     continue
                 model_calls += 1
-                if model_calls > self.max_iterations:
-                    raise MaxIterationsError(self.max_iterations)
+                limit = ctx.max_iterations or self.max_iterations
+                if model_calls > limit:
+                    raise MaxIterationsError(limit)
                 message = await self._call_model(plan, state, ctx)
                 name = _stage_after_reply(plan, message)
                 await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)

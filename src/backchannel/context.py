@@ -60,6 +60,7 @@ class RunContext:
     runtime: Any = None
     parent: RunContext | None = None
     deadline: float | None = None  # event-loop time by which the run must end (it then times out)
+    max_iterations: int | None = None  # this run's limit of model calls, instead of the agent's
 
     def emit(self, type: str, data: Any) -> None:
         """Publish an event of this run (a no-op when nobody listens)."""

@@ -27,7 +27,8 @@ class MaxIterationsError(BackchannelError):
     """A run made more model calls than its agent's ``max_iterations`` allows."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(f"the agent reached its limit of {limit} model calls without finishing")
+        super().__init__(f"the agent reached its limit of {limit} model calls without finishing (raise it with the "
+                         "agent's max_iterations, or a run's config recursion_limit)")
         self.limit = limit
 
 

@@ -104,6 +104,11 @@ def mailer_reply(request: Any) -> Any:
     return {"tool_calls": [{"name": "send_email", "args": {"to": "ada@example.com", "body": last_human(request)}}]}
 
 
+def looper_reply(request: Any) -> Any:
+    """Never finishes: calls the tool again after every result (stopped only by a limit)."""
+    return {"tool_calls": [{"name": "add", "args": {"a": 1, "b": len(request.messages)}}]}
+
+
 def delegator_reply(request: Any) -> Any:
     last = request.messages[-1]
     if isinstance(last, ToolMessage):
@@ -125,8 +130,10 @@ mailer = create_agent(ScriptedModel([mailer_reply], loop=True), [send_email], na
                       middleware=[HumanInTheLoop({"send_email": True})])
 # Two model calls of 1.5 s around a side effect: a stop between them must not repeat the side effect.
 journaler = create_agent(ScriptedModel([journal_reply], loop=True, latency=1.5), [journal], name="journaler")
+looper = create_agent(ScriptedModel([looper_reply], loop=True), [add], name="looper")
 delegator = create_deep_agent(
     ScriptedModel([delegator_reply], loop=True), name="delegator", general_purpose=False,
     subagents=[SubAgent("helper", "Helps with anything", model=ScriptedModel([helper_reply], loop=True))])
 
-AGENTS = {"calc": calc, "echo": echo, "slow": slow, "glacial": glacial, "reporter": reporter, "mailer": mailer, "delegator": delegator}
+AGENTS = {"calc": calc, "echo": echo, "slow": slow, "glacial": glacial, "reporter": reporter, "mailer": mailer,
+          "delegator": delegator, "looper": looper}

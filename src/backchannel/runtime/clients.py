@@ -14,10 +14,19 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError
-from backchannel.messages import HumanMessage, messages_from_input
+from backchannel.messages import HumanMessage
 from backchannel.runtime.checkpoints import ThreadState
 from backchannel.runtime.inbox import notification_in
-from backchannel.runtime.modes import STREAM_MODES, StreamMapper, StreamPart, interrupt_part, wants_values
+from backchannel.runtime.modes import StreamMapper, StreamPart, interrupt_part, wants_values
+from backchannel.runtime.run_options import (
+    check_delay,
+    check_input,
+    check_state_update,
+    check_stream_modes,
+    event_position,
+    iteration_limit,
+    normalize_command,
+)
 from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, ThreadRow, now_iso
 from backchannel.runtime.webhooks import check_webhook_url
 from backchannel.serde import to_jsonable
@@ -171,7 +180,7 @@ class ThreadsClient:
 
         state = await self._state(row, checkpoint_id or _checkpoint_id_of(checkpoint), live=True)
         reducers = self._reducers(row)
-        update = input_update(values) if values is not None else {}
+        update = input_update(check_state_update(values)) if values is not None else {}
         step = state.head.metadata.get("step", -1) + 1 if state.head else 0
         source = "update" if state.head is None or checkpoint_id is None else "fork"
         written = await self._rt.checkpoints.write(thread_id, state, update, next_stage=state.next_stage,
@@ -278,7 +287,10 @@ class RunsClient:
         await rt.open()
         graph_id = rt.graph_id_of(assistant_id)
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
-        _check_run_arguments(input, command, modes, multitask_strategy, if_not_exists, on_completion)
+        _check_run_arguments(modes, multitask_strategy, if_not_exists, on_completion, after_seconds)
+        command = normalize_command(command)
+        input = check_input(input, command)
+        iteration_limit(config)  # a bad recursion_limit is refused now, not when the run starts
         if webhook is not None:
             check_webhook_url(webhook)
         notification = notification_in(input) if thread_id is not None and command is None else None
@@ -450,9 +462,10 @@ class RunsClient:
     async def _join_stream(self, thread_id: str, run_id: str, stream_mode: str | Sequence[str] | None,
                            last_event_id: str | None) -> AsyncIterator[StreamPart]:
         row = await self._row(thread_id, run_id)
-        modes = None if stream_mode is None else [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
+        modes = None if stream_mode is None else check_stream_modes(
+            [stream_mode] if isinstance(stream_mode, str) else stream_mode)
+        after = event_position(last_event_id)
         stream = self._rt.stream_for(row, values=wants_values(modes or row.kwargs.get("stream_mode") or ()))
-        after = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
         if stream is None or (not row.kwargs.get("stream_resumable") and last_event_id is None
                               and stream.finished):
             return
@@ -511,7 +524,8 @@ class StoreClient:
                               max_depth: int | None = None, limit: int = 100, offset: int = 0,
                               **_: Any) -> dict[str, Any]:
         await self._rt.open()
-        found = await self._rt.storage.list_namespaces(prefix=tuple(prefix or ()), suffix=tuple(suffix or ()),
+        found = await self._rt.storage.list_namespaces(prefix=_namespace(prefix or (), allow_empty=True),
+                                                       suffix=_namespace(suffix or (), allow_empty=True),
                                                        max_depth=max_depth, limit=limit, offset=offset)
         return {"namespaces": [list(ns) for ns in found]}
 
@@ -525,30 +539,16 @@ def _assistant_id(graph_id: str) -> str:
     return assistant_id_for(graph_id)
 
 
-def _check_run_arguments(input: Any, command: Mapping[str, Any] | None, modes: Sequence[str],
-                         strategy: str | None, if_not_exists: str | None, on_completion: str | None) -> None:
-    unknown = [m for m in modes if m not in STREAM_MODES]
-    if unknown:
-        raise InvalidRequestError(f"unknown stream_mode {unknown[0]!r}; use one of {sorted(STREAM_MODES)}")
+def _check_run_arguments(modes: Sequence[str], strategy: str | None, if_not_exists: str | None,
+                         on_completion: str | None, after_seconds: float | None) -> None:
+    check_stream_modes(modes)
+    check_delay(after_seconds)
     if strategy is not None and strategy not in MULTITASK_STRATEGIES:
         raise InvalidRequestError(f"unknown multitask_strategy {strategy!r}; use one of {list(MULTITASK_STRATEGIES)}")
     if if_not_exists not in (None, "reject", "create"):
         raise InvalidRequestError(f"if_not_exists must be 'reject' or 'create', not {if_not_exists!r}")
     if on_completion not in (None, "delete", "keep"):
         raise InvalidRequestError(f"on_completion must be 'delete' or 'keep', not {on_completion!r}")
-    messages = input.get("messages") if isinstance(input, Mapping) else input if isinstance(input, (list, str)) else None
-    if messages is not None:
-        try:
-            messages_from_input(messages)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(f"input messages: {exc}") from None
-    if command is not None:
-        if not isinstance(command, Mapping) or not set(command) & {"resume", "update", "goto"}:
-            raise InvalidRequestError("command must be a dict with 'resume', 'update' and/or 'goto'")
-        if input is not None:
-            raise InvalidRequestError("give either input or command, not both")
-        if command.get("goto") not in (None, "model", "tools", "end", "__end__"):
-            raise InvalidRequestError(f"cannot goto {command['goto']!r}; use 'model', 'tools' or 'end'")
 
 
 def resume_map(thread: ThreadRow, resume: Any) -> dict[str, Any]:
@@ -596,8 +596,15 @@ def _interrupts_by_task(row: ThreadRow) -> dict[str, list[dict[str, Any]]]:
 
 
 def render_error(error: Mapping[str, Any]) -> dict[str, Any]:
-    """A run's stored error (``{"type", "message"}``) in LangGraph's shape: ``{"error", "message"}``."""
-    return {"error": error.get("type", "Error"), "message": error.get("message", "")}
+    """A run's stored error (``{"type", "message"}``) in LangGraph's shape: ``{"error", "message"}``.
+
+    An error LangGraph has its own name for is named as LangGraph names it, so clients recognise it.
+    """
+    kind = error.get("type", "Error")
+    return {"error": _LANGGRAPH_ERRORS.get(kind, kind), "message": error.get("message", "")}
+
+
+_LANGGRAPH_ERRORS = {"MaxIterationsError": "GraphRecursionError"}
 
 
 def render_run(row: RunRow) -> dict[str, Any]:
@@ -613,8 +620,10 @@ def _namespace(namespace: Sequence[str], *, allow_empty: bool = False) -> tuple[
     if not ns and not allow_empty:
         raise InvalidRequestError("a namespace needs at least one label")
     for label in ns:
-        if not isinstance(label, str) or not label or "." in label:
-            raise InvalidRequestError(f"Namespace label {label!r} must be a non-empty string without periods")
+        # "." joins labels in the API's query strings, control characters in storage: either would alias
+        if not isinstance(label, str) or not label or "." in label or not label.isprintable():
+            raise InvalidRequestError(f"Namespace label {label!r} must be a non-empty string without periods "
+                                      "or control characters")
     return ns
 
 

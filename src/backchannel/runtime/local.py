@@ -41,6 +41,7 @@ from backchannel.runtime.clients import render_error, render_run, resume_map
 from backchannel.runtime.coordination import Peers
 from backchannel.runtime.inbox import ThreadInbox
 from backchannel.runtime.modes import wants_values
+from backchannel.runtime.run_options import iteration_limit
 from backchannel.runtime.storage import RunEnd, RunRow, Storage, now_iso, open_storage
 from backchannel.runtime.streams import RunStream
 from backchannel.runtime.webhooks import post_webhook
@@ -418,7 +419,8 @@ class LocalRuntime:
             context=kwargs.get("context"), store=self.store, metadata=row.metadata,
             recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus,
                               pending=bool(pending), node_at=agent.node_at),
-            inbox=inbox, resume=resume, pending_tools=pending, runtime=self)
+            inbox=inbox, resume=resume, pending_tools=pending, runtime=self,
+            max_iterations=iteration_limit(kwargs.get("config")))
         if not stage and not resuming:  # nothing to run (a run resumed after its last step still ends: on_end)
             return state, RunResult("success", state.values)
         if kwargs.get("timeout"):

@@ -19,10 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-__all__ = ["Endpoint", "JSONResponse", "Query", "dump", "query_bool", "query_int", "read_body", "render_json", "routes",
-           "runtime_of"]
+__all__ = ["MAX_INT", "MAX_JSON_DEPTH", "Endpoint", "JSONResponse", "Query", "dump", "query_bool", "query_int",
+           "read_body", "render_json", "routes", "runtime_of"]
 
 Handler = Callable[[Request], Awaitable[Response]]
+MAX_JSON_DEPTH = 100  # deeper bodies are refused: state this deep could not be stored and read back
+MAX_INT = 2**31 - 1  # the largest limit or offset a request may give (storage keeps them in 32 bits)
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -90,10 +92,30 @@ async def read_body(request: Request, model: type[M]) -> M:
         data = orjson.loads(raw) if raw.strip() else {}
     except orjson.JSONDecodeError as exc:
         raise HTTPException(422, f"Invalid JSON in request body: {exc}") from None
+    if _too_deep(data, MAX_JSON_DEPTH):
+        raise HTTPException(422, f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise HTTPException(422, describe_validation_error(exc)) from None
+
+
+def _too_deep(data: Any, limit: int) -> bool:
+    """Whether ``data`` nests objects and lists more than ``limit`` levels deep (without recursing)."""
+    level: list[Any] = [data]
+    for _ in range(limit + 1):
+        level = [child for value in level for child in _children(value)]
+        if not level:
+            return False
+    return True
+
+
+def _children(value: Any) -> Any:
+    if isinstance(value, dict):
+        return [v for v in value.values() if isinstance(v, dict | list)]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, dict | list)]
+    return ()
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -107,17 +129,16 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def query_int(request: Request, name: str, default: int, *, minimum: int = 0) -> int:
-    """An integer query parameter (422 when it is not one, or below ``minimum``)."""
+def query_int(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = MAX_INT) -> int:
+    """An integer query parameter (422 when it is not one, or outside ``minimum``..``maximum``)."""
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise HTTPException(422, f"query parameter {name!r} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise HTTPException(422, f"query parameter {name!r} must be at least {minimum}, got {value}")
+    if len(raw) > 20 or not raw.lstrip("-").isdigit():
+        raise HTTPException(422, f"query parameter {name!r} must be an integer, got {raw[:40]!r}")
+    value = int(raw)
+    if not minimum <= value <= maximum:
+        raise HTTPException(422, f"query parameter {name!r} must be from {minimum} to {maximum}, got {value}")
     return value
 
 

@@ -7,11 +7,14 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import orjson
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
 from backchannel.errors import BackchannelError, NotFoundError
 from backchannel.runtime.modes import StreamPart
+from backchannel.runtime.run_options import check_stream_modes, event_position
 from backchannel.server.routing import (
     Endpoint,
     JSONResponse,
@@ -101,6 +104,7 @@ async def join_run_stream(request: Request) -> Response:
     run = await rt.runs.get(thread_id, run_id)
     modes = _stream_modes(request.query_params.get("stream_mode"))
     last_event_id = request.headers.get("last-event-id") or None
+    event_position(last_event_id)  # a bad one is a 422 before the response starts
     parts = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id)
     return StreamingBody(
         _events(parts, with_id=bool(run["kwargs"].get("stream_resumable"))), media_type="text/event-stream",
@@ -167,19 +171,18 @@ def _canceller(rt: Any, thread_id: str | None, run_id: str) -> Callable[[], Awai
 
 
 def _stream_modes(raw: str | None) -> list[str] | None:
-    """``stream_mode`` as the SDK sends it in a query: one mode, or a JSON list."""
+    """``stream_mode`` as the SDK sends it in a query: one mode, or a JSON list of them (422 otherwise)."""
     if not raw:
         return None
-    if raw.startswith("["):
-        import orjson
-
-        try:
-            modes = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            modes = None
-        if isinstance(modes, list) and all(isinstance(m, str) for m in modes):
-            return modes
-    return [raw]
+    if not raw.startswith("["):
+        return check_stream_modes([raw])
+    try:
+        modes = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        modes = None
+    if not isinstance(modes, list) or not all(isinstance(m, str) for m in modes):
+        raise HTTPException(422, f"stream_mode must be a mode or a JSON list of modes, not {raw[:80]!r}")
+    return check_stream_modes(modes)
 
 
 _RUN = {200: "The run", 404: "Thread or assistant not found", 409: "The thread is busy (multitask_strategy=reject)",

@@ -14,9 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backchannel.runtime.clients import MULTITASK_STRATEGIES
 from backchannel.runtime.modes import STREAM_MODES
+from backchannel.runtime.run_options import MAX_DELAY
+from backchannel.server.routing import MAX_INT
 
 __all__ = [
-    "AssistantCount", "AssistantSearch", "CheckpointConfig", "Command", "HistorySearch", "RunCreate",
+    "AssistantCount", "AssistantSearch", "CheckpointConfig", "Command", "HistorySearch", "RunCreate", "Send",
     "StateCheckpoint", "StateUpdate", "StoreDelete", "StoreNamespaces", "StorePut", "StoreSearch", "ThreadCount",
     "ThreadCreate", "ThreadPatch", "ThreadSearch",
 ]
@@ -38,17 +40,26 @@ class CheckpointConfig(Body):
     checkpoint_map: dict[str, Any] | None = None
 
 
+class Send(Body):
+    """Go to ``node`` with ``input`` added to the state."""
+
+    node: str
+    input: dict[str, Any] | None = None
+
+
 class Command(Body):
-    update: dict[str, Any] | list[Any] | None = None
+    """LangGraph's Command: answer interrupts (``resume``), change the state (``update``), go to a step."""
+
+    update: dict[str, Any] | list[Any] | None = None  # an object, or [key, value] pairs
     resume: Any = None
-    goto: str | None = None
+    goto: str | Send | list[str | Send] | None = None
 
 
 class RunCreate(Body):
     """A run: stateful (on a thread) or stateless, created, streamed or waited for."""
 
     assistant_id: str = Field(min_length=1)
-    input: dict[str, Any] | list[Any] | str | int | float | bool | None = None
+    input: dict[str, Any] | list[Any] | str | None = None
     command: Command | None = None
     metadata: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
@@ -62,7 +73,7 @@ class RunCreate(Body):
     if_not_exists: Literal["reject", "create"] | None = None
     on_completion: Literal["delete", "keep"] | None = None
     on_disconnect: Literal["cancel", "continue"] = "continue"
-    after_seconds: float | None = Field(default=None, ge=0)
+    after_seconds: float | None = Field(default=None, ge=0, le=MAX_DELAY)
     webhook: str | None = Field(default=None, min_length=1, max_length=65536)
     interrupt_before: Literal["*"] | list[str] | None = None
     interrupt_after: Literal["*"] | list[str] | None = None
@@ -85,7 +96,7 @@ class ThreadSearch(Body):
     values: dict[str, Any] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_INT)
     sort_by: Literal["thread_id", "status", "created_at", "updated_at"] | None = None
     sort_order: Literal["asc", "desc"] | None = None
 
@@ -119,7 +130,7 @@ class AssistantSearch(Body):
     graph_id: str | None = None
     name: str | None = None
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_INT)
 
 
 class AssistantCount(Body):
@@ -145,7 +156,7 @@ class StoreSearch(Body):
     namespace_prefix: list[str] | None = None
     filter: dict[str, Any] | None = None
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_INT)
     query: str | None = None
 
 
@@ -154,4 +165,4 @@ class StoreNamespaces(Body):
     suffix: list[str] | None = None
     max_depth: int | None = Field(default=None, ge=1)
     limit: int = Field(default=100, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_INT)
