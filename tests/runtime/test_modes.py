@@ -242,13 +242,18 @@ async def nested(make_runtime):
 
 
 async def test_subgraph_parts_are_named_mode_pipe_namespace(nested):
+    """A subagent's namespace is ``tools:<tool call id>``, as LangGraph names a tool-dispatched subgraph (so its
+    UI hooks take it for a subagent); the agent's own name is in the messages' metadata."""
     tid, parts = await _stream(nested, ["updates", "messages-tuple", "values"], assistant="boss",
                                stream_subgraphs=True)
     names = {p.event for p in parts}
-    assert "updates|researcher:call_r" in names
-    assert "messages|researcher:call_r" in names
-    assert "values|researcher:call_r" in names
-    nested_update = next(p.data for p in parts if p.event == "updates|researcher:call_r")
+    assert "updates|tools:call_r" in names
+    assert "messages|tools:call_r" in names
+    assert "values|tools:call_r" in names
+    assert not any("researcher" in name for name in names)
+    _, meta = next(p.data for p in parts if p.event == "messages|tools:call_r")
+    assert meta["lc_agent_name"] == "researcher" and meta["langgraph_checkpoint_ns"] == "tools:call_r"
+    nested_update = next(p.data for p in parts if p.event == "updates|tools:call_r")
     assert nested_update["model"]["messages"][0]["content"] == "deep research result"
     root_updates = _of(parts, "updates")
     assert [list(u) for u in root_updates] == [["model"], ["tools"], ["model"]]
@@ -264,11 +269,11 @@ async def test_without_subgraphs_nested_parts_are_left_out(nested):
 
 async def test_lifecycle_reports_the_subagent_with_its_cause(nested):
     _, parts = await _stream(nested, "lifecycle", assistant="boss")  # reported even without subgraphs
-    assert [p.event for p in parts[1:]] == ["lifecycle", "lifecycle|researcher:call_r",
-                                            "lifecycle|researcher:call_r", "lifecycle"]
+    assert [p.event for p in parts[1:]] == ["lifecycle", "lifecycle|tools:call_r",
+                                            "lifecycle|tools:call_r", "lifecycle"]
     events = [(p.data["event"], p.data["graph_name"], p.data["namespace"]) for p in parts[1:]]
-    assert events == [("started", "boss", []), ("started", "researcher", ["researcher:call_r"]),
-                      ("completed", "researcher", ["researcher:call_r"]), ("completed", "boss", [])]
+    assert events == [("started", "boss", []), ("started", "researcher", ["tools:call_r"]),
+                      ("completed", "researcher", ["tools:call_r"]), ("completed", "boss", [])]
     assert parts[2].data["cause"] == {"type": "toolCall", "tool_call_id": "call_r"}
     assert "cause" not in parts[1].data
 

@@ -116,7 +116,7 @@ async def test_subagents_stream_under_their_namespace(client):
     parts = await stream(client, "delegator", "look it up", stream_mode=["updates"], stream_subgraphs=True)
     nested = [p for p in parts if p.event.startswith("updates|")]
     assert nested, [p.event for p in parts]
-    assert all(p.event.split("|")[1].startswith("helper:") for p in nested)
+    assert all(p.event.split("|")[1].startswith("tools:call_") for p in nested)  # as useStream knows subagents
     top = [p for p in parts if p.event == "updates"]
     assert top[-1].data["model"]["messages"][0]["content"] == "the helper said: helped with look it up"
 

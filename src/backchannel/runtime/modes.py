@@ -8,6 +8,11 @@ the status of background subagent tasks. With ``subgraphs`` a nested run's
 part is named ``<mode>|<namespace segments>``; without, nested parts are
 left out (as LangGraph does), except ``lifecycle`` which exists to report
 them.
+
+On the wire a subagent's segment is ``tools:<tool call id>``, the shape
+LangGraph gives a tool-dispatched subgraph and the one its UI hooks
+(``useStream``) take for a subagent; the agent's own name (seed 002) is its
+lifecycle events' ``graph_name`` and its messages' ``lc_agent_name``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from backchannel.messages import AIMessage, message_to_dict
 from backchannel.runtime.storage import now_iso
 from backchannel.serde import to_jsonable
 
-__all__ = ["STREAM_MODES", "StreamMapper", "StreamPart", "interrupt_part", "wants_values"]
+__all__ = ["STREAM_MODES", "StreamMapper", "StreamPart", "interrupt_part", "wants_values", "wire_namespace"]
 
 STREAM_MODES = frozenset({"values", "updates", "messages", "messages-tuple", "custom", "events", "debug",
                           "tasks", "checkpoints", "lifecycle", "tools", "async_tasks"})
@@ -62,7 +67,7 @@ class StreamMapper:
         nested = bool(event.namespace)
         if nested and not self.subgraphs and event.type != "lifecycle":
             return
-        suffix = "".join(f"|{segment}" for segment in event.namespace)
+        suffix = "".join(f"|{segment}" for segment in wire_namespace(event.namespace))
         event_id = str(event.seq)
         handler = getattr(self, f"_on_{event.type}", None)
         if handler is None:
@@ -110,7 +115,7 @@ class StreamMapper:
         yield "custom", to_jsonable(event.data)
 
     def _on_lifecycle(self, event: Event) -> Iterator[tuple[str, Any]]:
-        yield "lifecycle", {**to_jsonable(event.data), "namespace": list(event.namespace)}
+        yield "lifecycle", {**to_jsonable(event.data), "namespace": list(wire_namespace(event.namespace))}
         kind = {"started": "on_chain_start", "completed": "on_chain_end"}.get(event.data["event"])
         if kind:
             yield "events", self._langchain_event(kind, event.data.get("graph_name", event.agent), event, {})
@@ -175,12 +180,17 @@ class StreamMapper:
         meta = {**self.metadata, "run_id": event.run_id, "thread_id": event.thread_id, "lc_agent_name": event.agent}
         if node is not None:
             meta["langgraph_node"] = node
-            meta["langgraph_checkpoint_ns"] = "|".join(event.namespace)
+            meta["langgraph_checkpoint_ns"] = "|".join(wire_namespace(event.namespace))
         return meta
 
     def _langchain_event(self, kind: str, name: str, event: Event, data: dict[str, Any]) -> dict[str, Any]:
         return {"event": kind, "name": name, "run_id": event.run_id, "tags": [],
                 "metadata": self._meta(event), "data": data, "parent_ids": []}
+
+
+def wire_namespace(namespace: Sequence[str]) -> tuple[str, ...]:
+    """A namespace as LangGraph names tool-dispatched subgraphs: each ``<agent>:<tool call id>`` as ``tools:<id>``."""
+    return tuple(f"tools:{segment.partition(':')[2] or segment}" for segment in namespace)
 
 
 def _chunk(message_id: str, data: dict[str, Any], agent: str) -> dict[str, Any]:
