@@ -232,6 +232,27 @@ async def test_dropping_a_pending_run_leaves_its_thread_idle_unless_another_run_
     assert (await storage.get_thread("shared")).status == "busy"  # the second run still waits
 
 
+async def test_dropping_a_pending_run_leaves_a_persons_question_pending(storage):
+    now = now_iso()
+    question = [{"id": "i1", "value": {"action_requests": []}}]
+    await storage.create_thread(ThreadRow("asking", now, now, status="busy", interrupts=question))
+    queued = _run("asking")
+    await storage.create_run(queued)
+    assert await storage.drop_pending_run(queued.run_id, "interrupt", now_iso())
+    thread = await storage.get_thread("asking")
+    assert (thread.status, thread.interrupts) == ("interrupted", question)
+
+
+async def test_threads_sort_by_when_their_state_last_changed(storage):
+    for thread_id, at in (("a", "2026-01-01T00:00:01"), ("b", "2026-01-01T00:00:02"), ("c", "2026-01-01T00:00:03")):
+        await storage.create_thread(ThreadRow(thread_id, at, at))
+    await storage.put_checkpoint(_checkpoint("a", 1, None))  # a's state changed last (now, in 2026 or later)
+    found = await storage.search_threads(sort_by="state_updated_at", sort_order="desc")
+    assert [t.thread_id for t in found] == ["a", "c", "b"]
+    found = await storage.search_threads(sort_by="state_updated_at", sort_order="asc", limit=2)
+    assert [t.thread_id for t in found] == ["b", "c"]
+
+
 async def test_a_heartbeat_says_whether_the_worker_was_still_registered(storage):
     assert not await storage.heartbeat("w", {"pid": 1}, now_iso())  # first registration
     assert await storage.heartbeat("w", {"pid": 1}, now_iso())

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError
 from backchannel.messages import HumanMessage
+from backchannel.runtime._select import ASSISTANT_FIELDS, RUN_FIELDS, STATE_FIELDS, THREAD_FIELDS, selected
 from backchannel.runtime.checkpoints import ThreadState
 from backchannel.runtime.inbox import notification_in
 from backchannel.runtime.modes import StreamMapper, StreamPart, interrupt_part, wants_values
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["AssistantsClient", "RunsClient", "StoreClient", "ThreadsClient"]
 
 MULTITASK_STRATEGIES = ("reject", "interrupt", "rollback", "enqueue")
+_ASSISTANT_SORT = ("assistant_id", "graph_id", "name", "created_at", "updated_at")
 _BUSY = "Thread is already running a task. Wait for it to finish or choose a different multitask strategy."
 
 
@@ -59,12 +61,18 @@ class AssistantsClient:
         return self._assistant(self._rt.graph_id_of(assistant_id))
 
     async def search(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
-                     name: str | None = None, limit: int = 10, offset: int = 0, **_: Any) -> list[dict[str, Any]]:
+                     name: str | None = None, limit: int = 10, offset: int = 0, sort_by: str | None = None,
+                     sort_order: str | None = None, select: Sequence[str] | None = None,
+                     **_: Any) -> list[dict[str, Any]]:
         found = [self._assistant(g) for g in self._rt.graphs]
         found = [a for a in found if (graph_id is None or a["graph_id"] == graph_id)
                  and (name is None or name in a["name"])
                  and all(a["metadata"].get(k) == v for k, v in (metadata or {}).items())]
-        return found[offset: offset + limit]
+        if sort_by is not None:
+            if sort_by not in _ASSISTANT_SORT:
+                raise InvalidRequestError(f"cannot sort assistants by {sort_by!r}; use one of {list(_ASSISTANT_SORT)}")
+            found.sort(key=lambda a: a[sort_by] or "", reverse=(sort_order or "desc") == "desc")
+        return selected(found[offset: offset + limit], select, ASSISTANT_FIELDS, "assistant")
 
     async def count(self, **kwargs: Any) -> int:
         return len(await self.search(limit=1_000_000, **kwargs))
@@ -135,16 +143,18 @@ class ThreadsClient:
 
     async def search(self, *, metadata: Mapping[str, Any] | None = None, values: Mapping[str, Any] | None = None,
                      ids: Sequence[str] | None = None, status: str | None = None, limit: int = 10, offset: int = 0,
-                     sort_by: str | None = None, sort_order: str | None = None, **_: Any) -> list[dict[str, Any]]:
+                     sort_by: str | None = None, sort_order: str | None = None, select: Sequence[str] | None = None,
+                     **_: Any) -> list[dict[str, Any]]:
         await self._rt.open()
         rows = await self._rt.storage.search_threads(
             metadata=dict(metadata or {}), status=status, ids=ids, limit=limit if not values else 1_000_000,
             offset=offset if not values else 0, sort_by=sort_by or "updated_at", sort_order=sort_order or "desc")
-        found = [await self._render(r) for r in rows]
+        stateless = bool(select) and not values and not {"values", "state_updated_at"} & set(select or ())
+        found = [await self._render(r, new=stateless) for r in rows]  # without reading state nobody selected
         if values:
             found = [t for t in found if all((t["values"] or {}).get(k) == v for k, v in values.items())]
             found = found[offset: offset + limit]
-        return found
+        return selected(found, select, THREAD_FIELDS, "thread")
 
     async def count(self, *, metadata: Mapping[str, Any] | None = None, status: str | None = None,
                     **_: Any) -> int:
@@ -162,11 +172,12 @@ class ThreadsClient:
         return await self._render(copy)
 
     async def get_state(self, thread_id: str, checkpoint: Mapping[str, Any] | None = None,
-                        checkpoint_id: str | None = None, **_: Any) -> dict[str, Any]:
+                        checkpoint_id: str | None = None, *, select: Sequence[str] | None = None,
+                        **_: Any) -> dict[str, Any]:
         row = await self._row(thread_id)
         checkpoint_id = checkpoint_id or _checkpoint_id_of(checkpoint)
         state = await self._state(row, checkpoint_id)
-        return self._render_state(row, state.values, state.head)
+        return selected([self._render_state(row, state.values, state.head)], select, STATE_FIELDS, "state")[0]
 
     async def update_state(self, thread_id: str, values: Mapping[str, Any] | Sequence[Any] | None, *,
                            as_node: str | None = None, checkpoint: Mapping[str, Any] | None = None,
@@ -190,7 +201,8 @@ class ThreadsClient:
         return {"checkpoint": ref, "configurable": ref, "checkpoint_id": written.checkpoint_id}
 
     async def get_history(self, thread_id: str, *, limit: int = 10, before: str | Mapping[str, Any] | None = None,
-                          metadata: Mapping[str, Any] | None = None, **_: Any) -> list[dict[str, Any]]:
+                          metadata: Mapping[str, Any] | None = None, select: Sequence[str] | None = None,
+                          **_: Any) -> list[dict[str, Any]]:
         """The thread's checkpoints, newest first, each as a ThreadState."""
         row = await self._row(thread_id)
         before_seq = None
@@ -207,7 +219,7 @@ class ThreadsClient:
         for checkpoint in rows[:limit]:
             state = await self._rt.checkpoints.at(thread_id, checkpoint.checkpoint_id, self._reducers(row))
             history.append(self._render_state(row, state.values, checkpoint))
-        return history
+        return selected(history, select, STATE_FIELDS, "state")
 
     # -- rendering
 
@@ -366,10 +378,10 @@ class RunsClient:
         return row
 
     async def list(self, thread_id: str, *, limit: int = 10, offset: int = 0, status: str | None = None,
-                   **_: Any) -> list[dict[str, Any]]:
+                   select: Sequence[str] | None = None, **_: Any) -> list[dict[str, Any]]:
         await self._rt.threads._row(thread_id)
         rows = await self._rt.storage.list_runs(thread_id, status=status, limit=limit, offset=offset)
-        return [render_run(r) for r in rows]
+        return selected([render_run(r) for r in rows], select, RUN_FIELDS, "run")
 
     async def cancel(self, thread_id: str, run_id: str, *, wait: bool = False, action: str = "interrupt",
                      **_: Any) -> None:

@@ -513,10 +513,11 @@ class LocalRuntime:
         else:
             error = {"error": "UserInterrupt",
                      "message": f"interrupt requested via POST /threads/{row.thread_id}/runs/{row.run_id}/cancel"}
-        head = await self.storage.head_checkpoint(row.thread_id)
+        # As in LangGraph, a cancelled run leaves its thread idle: "interrupted" means waiting for a person.
+        thread = await self.storage.get_thread(row.thread_id)
+        waiting = thread is not None and bool(thread.interrupts)
         await self.storage.finish_run(RunEnd(row.run_id, row.thread_id, "interrupted",
-                                             "interrupted" if head is not None and head.next else "idle", now_iso(),
-                                             thread_error=error))
+                                             "interrupted" if waiting else "idle", now_iso(), thread_error=error))
         if action == "rollback":
             await self.storage.delete_run(row.run_id)
         return "interrupted"

@@ -89,9 +89,15 @@ class MemoryStorage(Storage):
         sort_by, order = thread_order(sort_by, sort_order)
         position = {thread_id: i for i, thread_id in enumerate(self._threads)}
         rows = sorted(self._matching_threads(metadata, status, ids),
-                      key=lambda r: (getattr(r, sort_by), position[r.thread_id]),
+                      key=lambda r: (self._sort_key(r, sort_by), position[r.thread_id]),
                       reverse=order == "DESC")
         return [_copy(r) for r in rows[offset: offset + limit]]
+
+    def _sort_key(self, row: ThreadRow, sort_by: str) -> str:
+        if sort_by == "state_updated_at":  # when the state last changed: its newest checkpoint's time
+            checkpoints = self._checkpoints.get(row.thread_id)
+            return checkpoints[-1].created_at if checkpoints else row.updated_at
+        return getattr(row, sort_by)
 
     async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:
         return len(self._matching_threads(metadata, status))

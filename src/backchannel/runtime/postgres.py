@@ -49,6 +49,7 @@ from backchannel.runtime.storage import (
     ItemRow,
     RunEnd,
     RunRow,
+    THREAD_SORT_SQL,
     Storage,
     ThreadRow,
     now_iso,
@@ -248,7 +249,7 @@ class PostgresStorage(Storage):
         sort_by, order = thread_order(sort_by, sort_order)
         where, params = self._thread_filter(metadata, status, ids)
         rows = await self._all(f"SELECT {_THREAD_COLUMNS} FROM threads WHERE {where} "
-                               f"ORDER BY {sort_by} {order}, seq {order} LIMIT %s OFFSET %s", (*params, limit, offset))
+                               f"ORDER BY {THREAD_SORT_SQL.get(sort_by, sort_by)} {order}, seq {order} LIMIT %s OFFSET %s", (*params, limit, offset))
         return [thread_row(r) for r in rows]
 
     async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:
@@ -356,7 +357,8 @@ class PostgresStorage(Storage):
                 "AND status = 'pending' RETURNING thread_id")
         dropped = await self._write_one(
             f"WITH d AS ({drop}), "
-            "t AS (UPDATE threads SET status = 'idle' WHERE thread_id IN (SELECT thread_id FROM d) "
+            "t AS (UPDATE threads SET status = CASE WHEN interrupts = '[]' THEN 'idle' ELSE 'interrupted' END "
+            "  WHERE thread_id IN (SELECT thread_id FROM d) "
             "  AND status = 'busy' AND NOT EXISTS (SELECT 1 FROM runs WHERE thread_id IN (SELECT thread_id FROM d) "
             "  AND run_id <> %(run)s AND status IN ('pending', 'running'))) "
             "SELECT count(*) FROM d", {"run": run_id, "now": now})

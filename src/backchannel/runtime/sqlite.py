@@ -47,6 +47,7 @@ from backchannel.runtime.storage import (
     ItemRow,
     RunEnd,
     RunRow,
+    THREAD_SORT_SQL,
     Storage,
     ThreadRow,
     now_iso,
@@ -272,7 +273,7 @@ class SQLiteStorage(Storage):
         sort_by, order = thread_order(sort_by, sort_order)
         where, params = self._thread_filter(metadata, status, ids)
         rows = self.db.execute(
-            f"SELECT * FROM threads WHERE {where} ORDER BY {sort_by} {order}, rowid {order} LIMIT ? OFFSET ?",
+            f"SELECT * FROM threads WHERE {where} ORDER BY {THREAD_SORT_SQL.get(sort_by, sort_by)} {order}, rowid {order} LIMIT ? OFFSET ?",
             (*params, limit, offset)).fetchall()
         return [thread_row(r) for r in rows]
 

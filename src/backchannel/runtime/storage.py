@@ -19,7 +19,7 @@ from backchannel.messages import AnyMessage
 if TYPE_CHECKING:
     from backchannel.runtime.coordination import Coordinator
 
-__all__ = ["CheckpointRow", "ItemRow", "RunEnd", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage",
+__all__ = ["THREAD_SORT_SQL", "CheckpointRow", "ItemRow", "RunEnd", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage",
            "thread_order"]
 
 
@@ -41,7 +41,11 @@ def now_iso() -> str:
     return f"{text}.{int((now - second) * 1_000_000):06d}+00:00"
 
 
-_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at"})
+_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at", "state_updated_at"})
+# What SQL sorts threads by for each sortable name: a column, or when the state last changed (the
+# newest checkpoint's time; the thread's own for a thread without one).
+THREAD_SORT_SQL = {"state_updated_at": "coalesce((SELECT c.created_at FROM checkpoints c WHERE c.thread_id = "
+                                       "threads.thread_id ORDER BY c.seq DESC LIMIT 1), threads.updated_at)"}
 
 
 def thread_order(sort_by: str, sort_order: str) -> tuple[str, str]:
@@ -205,7 +209,8 @@ class Storage(abc.ABC):
 
     async def drop_pending_run(self, run_id: str, action: str, now: str) -> bool:
         """Cancel a run that has not started: ``interrupt`` marks it interrupted, ``rollback`` deletes it.
-        Its thread, busy on its account, turns idle unless another run is pending or running.
+        Its thread, busy on its account, turns idle (interrupted while a person's answer is still
+        pending) unless another run is pending or running.
 
         ``False`` when it is no longer pending (a worker claimed it meanwhile). Backends shared by
         several processes do this in one conditional statement.
@@ -220,7 +225,7 @@ class Storage(abc.ABC):
         if not await self.active_runs(row.thread_id):
             thread = await self.get_thread(row.thread_id)
             if thread is not None and thread.status == "busy":
-                await self.update_thread(row.thread_id, status="idle")
+                await self.update_thread(row.thread_id, status="interrupted" if thread.interrupts else "idle")
         return True
 
     def coordinator(self) -> Coordinator | None:

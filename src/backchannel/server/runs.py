@@ -74,7 +74,8 @@ async def wait_run(request: Request) -> Response:
 async def list_runs(request: Request) -> Response:
     runs = await runtime_of(request).runs.list(
         request.path_params["thread_id"], limit=query_int(request, "limit", 10, minimum=1),
-        offset=query_int(request, "offset", 0), status=request.query_params.get("status") or None)
+        offset=query_int(request, "offset", 0), status=request.query_params.get("status") or None,
+        select=request.query_params.getlist("select") or None)
     return JSONResponse(runs)
 
 
@@ -102,7 +103,7 @@ async def join_run_stream(request: Request) -> Response:
     rt = runtime_of(request)
     thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
     run = await rt.runs.get(thread_id, run_id)
-    modes = _stream_modes(request.query_params.get("stream_mode"))
+    modes = _stream_modes([m for m in request.query_params.getlist("stream_mode") if m])  # "": the run's own
     last_event_id = request.headers.get("last-event-id") or None
     event_position(last_event_id)  # a bad one is a 422 before the response starts
     parts = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id)
@@ -170,18 +171,16 @@ def _canceller(rt: Any, thread_id: str | None, run_id: str) -> Callable[[], Awai
     return cancel
 
 
-def _stream_modes(raw: str | None) -> list[str] | None:
-    """``stream_mode`` as the SDK sends it in a query: one mode, or a JSON list of them (422 otherwise)."""
-    if not raw:
-        return None
-    if not raw.startswith("["):
-        return check_stream_modes([raw])
+def _stream_modes(raw: list[str]) -> list[str] | None:
+    """``stream_mode`` as clients send it in a query: repeated (the SDKs' lists), or a JSON list (422 if bad)."""
+    if len(raw) != 1 or not raw[0].startswith("["):
+        return check_stream_modes(raw) if raw else None
     try:
-        modes = orjson.loads(raw)
+        modes = orjson.loads(raw[0])
     except orjson.JSONDecodeError:
         modes = None
     if not isinstance(modes, list) or not all(isinstance(m, str) for m in modes):
-        raise HTTPException(422, f"stream_mode must be a mode or a JSON list of modes, not {raw[:80]!r}")
+        raise HTTPException(422, f"stream_mode must be a mode or a JSON list of modes, not {raw[0][:80]!r}")
     return check_stream_modes(modes)
 
 
@@ -190,13 +189,14 @@ _RUN = {200: "The run", 404: "Thread or assistant not found", 409: "The thread i
 _STREAM = {200: "Server-sent events: metadata first, then the run's parts", 404: "Thread or assistant not found",
            409: "The thread is busy", 422: "Invalid request"}
 _OUTPUT = {200: "The run's final values (with __error__ or __interrupt__)", 404: "Not found", 422: "Invalid request"}
-_STREAM_QUERY = {"stream_mode": Query(description="A stream mode, or a JSON list of them"),
+_STREAM_QUERY = {"stream_mode": Query(description="A stream mode (repeated for several), or a JSON list of them"),
                  "cancel_on_disconnect": Query("boolean", "Cancel the run if the client disconnects")}
 
 ENDPOINTS = [
     Endpoint("POST", "/threads/{thread_id}/runs", create_run, "Create a background run", RunCreate, responses=_RUN),
     Endpoint("GET", "/threads/{thread_id}/runs", list_runs, "List a thread's runs, newest first", query={
-        "limit": Query("integer"), "offset": Query("integer"), "status": Query()},
+        "limit": Query("integer"), "offset": Query("integer"), "status": Query(),
+        "select": Query(description="Fields to return (repeated)")},
         responses={200: "Runs", 404: "Thread not found", 422: "Invalid query"}),
     Endpoint("POST", "/threads/{thread_id}/runs/stream", stream_run, "Create a run and stream it", RunCreate,
              responses=_STREAM, media_type="text/event-stream"),

@@ -97,8 +97,9 @@ class ThreadSearch(Body):
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=MAX_INT)
-    sort_by: Literal["thread_id", "status", "created_at", "updated_at"] | None = None
+    sort_by: Literal["thread_id", "status", "created_at", "updated_at", "state_updated_at"] | None = None
     sort_order: Literal["asc", "desc"] | None = None
+    select: list[str] | None = None
 
 
 class ThreadCount(Body):
@@ -114,15 +115,17 @@ class StateUpdate(Body):
 
 
 class StateCheckpoint(Body):
-    checkpoint: CheckpointConfig
+    checkpoint: dict[str, Any]  # {"checkpoint_id", ...} or a config: {"configurable": {"checkpoint_id"}}
     subgraphs: bool = False
+    select: list[str] | None = None
 
 
 class HistorySearch(Body):
     limit: int = Field(default=10, ge=1, le=1000)
-    before: CheckpointConfig | str | None = None
+    before: dict[str, Any] | str | None = None  # a checkpoint id, a checkpoint, or a config with one
     metadata: dict[str, Any] | None = None
-    checkpoint: CheckpointConfig | None = None
+    checkpoint: dict[str, Any] | None = None
+    select: list[str] | None = None
 
 
 class AssistantSearch(Body):
@@ -131,6 +134,9 @@ class AssistantSearch(Body):
     name: str | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=MAX_INT)
+    sort_by: Literal["assistant_id", "graph_id", "name", "created_at", "updated_at"] | None = None
+    sort_order: Literal["asc", "desc"] | None = None
+    select: list[str] | None = None
 
 
 class AssistantCount(Body):

@@ -56,13 +56,14 @@ async def copy_thread(request: Request) -> Response:
 async def get_state(request: Request) -> Response:
     thread_id = request.path_params["thread_id"]
     checkpoint_id = request.path_params.get("checkpoint_id")
-    return JSONResponse(await runtime_of(request).threads.get_state(thread_id, checkpoint_id=checkpoint_id))
+    return JSONResponse(await runtime_of(request).threads.get_state(
+        thread_id, checkpoint_id=checkpoint_id, select=request.query_params.getlist("select") or None))
 
 
 async def get_state_at_checkpoint(request: Request) -> Response:
     body = await read_body(request, StateCheckpoint)
     return JSONResponse(await runtime_of(request).threads.get_state(request.path_params["thread_id"],
-                                                                    checkpoint=dump(body.checkpoint)))
+                                                                    checkpoint=body.checkpoint, select=body.select))
 
 
 async def update_state(request: Request) -> Response:
@@ -84,7 +85,8 @@ async def search_history(request: Request) -> Response:
 
 
 _THREAD = {200: "The thread", 404: "Thread not found"}
-_STATE = {200: "The thread's state", 404: "Thread or checkpoint not found"}
+_STATE = {200: "The thread's state", 404: "Thread or checkpoint not found", 422: "Invalid request"}
+_SELECT_STATE = {"select": Query(description="Fields to return (repeated): values, next, tasks, ..., or values.<key>")}
 
 ENDPOINTS = [
     Endpoint("POST", "/threads", create_thread, "Create a thread", ThreadCreate,
@@ -100,12 +102,13 @@ ENDPOINTS = [
              responses={204: "Deleted", 404: "Thread not found"}),
     Endpoint("POST", "/threads/{thread_id}/copy", copy_thread, "Copy a thread with its history",
              responses=_THREAD),
-    Endpoint("GET", "/threads/{thread_id}/state", get_state, "Get a thread's latest state", responses=_STATE),
+    Endpoint("GET", "/threads/{thread_id}/state", get_state, "Get a thread's latest state", query=_SELECT_STATE,
+             responses=_STATE),
     Endpoint("POST", "/threads/{thread_id}/state", update_state, "Update a thread's state", StateUpdate,
              responses={200: "The new checkpoint", 404: "Thread not found", 409: "The thread has active runs",
                         422: "Invalid request"}),
     Endpoint("GET", "/threads/{thread_id}/state/{checkpoint_id}", get_state, "Get a thread's state at a checkpoint",
-             responses=_STATE),
+             query=_SELECT_STATE, responses=_STATE),
     Endpoint("POST", "/threads/{thread_id}/state/checkpoint", get_state_at_checkpoint,
              "Get a thread's state at a checkpoint", StateCheckpoint, responses={**_STATE, 422: "Invalid request"}),
     Endpoint("GET", "/threads/{thread_id}/history", get_history, "A thread's checkpoints, newest first",
