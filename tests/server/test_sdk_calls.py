@@ -19,8 +19,8 @@ async def test_history_before_a_config_as_the_js_sdk_sends_it(client):
         older = await client.http.post(f"/threads/{tid}/history", json={"limit": 10, "before": before})
         assert [s["checkpoint"]["checkpoint_id"] for s in older] == [
             s["checkpoint"]["checkpoint_id"] for s in history[1:]], before
-    state = await client.http.post(f"/threads/{tid}/state/checkpoint",
-                                   json={"checkpoint": {"configurable": {"checkpoint_id": history[1]["checkpoint_id"]}}})
+    config = {"configurable": {"checkpoint_id": history[1]["checkpoint_id"]}}
+    state = await client.http.post(f"/threads/{tid}/state/checkpoint", json={"checkpoint": config})
     assert state["checkpoint"]["checkpoint_id"] == history[1]["checkpoint_id"]
 
 
