@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,6 +30,7 @@ from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, Tex
 from backchannel.state import MessageList, Reducer, apply_update, reducers_of, snapshot
 from backchannel.streaming import AgentStream
 from backchannel.tools import Tool, ToolArgumentsError, ToolError, ToolResult, ToolRuntime, as_tool
+from backchannel.tracing import Trace
 
 __all__ = ["Agent", "RunResult", "create_agent"]
 
@@ -164,6 +165,10 @@ class Agent:
     async def run(self, state: dict[str, Any], ctx: RunContext, *, stage: str = "before_agent") -> RunResult:
         """Run (or continue, from ``stage``) on ``state`` in place; the runtime's entry point."""
         plan = self._plan or self._compile()
+        work = self._run(plan, state, ctx, stage)
+        return await (ctx.trace.run(ctx, self.name, plan.model, work) if ctx.trace.on else work)
+
+    async def _run(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str) -> RunResult:
         reports = ctx.parent is None or self.name is not None
         if reports:
             self._lifecycle(ctx, "started")
@@ -220,6 +225,8 @@ class Agent:
         if bus is None or not bus.listeners:
             return
         data: dict[str, Any] = {"event": event, "graph_name": self.graph_name, **extra}
+        if event != "started" and ctx.span is not None:
+            data["usage"] = ctx.trace.usage_of(ctx.span)  # its subagents' included
         if ctx.parent is not None:
             data["cause"] = {"type": "toolCall", "tool_call_id": ctx.namespace[-1].partition(":")[2]}
         metadata = filter_metadata(ctx.metadata)
@@ -317,6 +324,7 @@ class Agent:
         assert ctx.inbox is not None
         arrived = ctx.inbox.drain()
         if arrived:
+            ctx.trace.took_notifications(ctx, arrived)
             await self._apply(plan, state, ctx, "inbox", {"messages": arrived}, "before_model")
             await ctx.inbox.ack(arrived)
 
@@ -324,8 +332,9 @@ class Agent:
         request = ModelRequest(plan.model, state["messages"], plan.system_prompt, plan.tool_list,
                                self.model_settings, state, ctx)
         scope = current_scope.set(InterruptScope(f"model:{_last_id(state)}", ctx.resume))
+        reply = plan.call_model(request)
         try:
-            message = await plan.call_model(request)
+            message = await (ctx.trace.model_call(ctx, request, reply) if ctx.trace.on else reply)
         except GraphInterrupt as paused:
             paused.stage = f"before_model:{len(plan.hooks['before_model'])}"
             raise
@@ -342,7 +351,7 @@ class Agent:
         _, calls = pending_tool_calls(state["messages"])
         if len(calls) == 1 and not ctx.pending_tools:
             try:
-                update, direct = await self._execute_call(plan, calls[0], state, ctx)
+                update, direct, _ = await self._tool_call(plan, calls[0], state, ctx)
             except GraphInterrupt as paused:
                 paused.stage = "tools"  # resume by running the call again
                 raise
@@ -376,14 +385,22 @@ class Agent:
         """One call of a parallel batch; its result is recorded as soon as it is known."""
         if call["id"] in ctx.pending_tools:
             return ctx.pending_tools[call["id"]]
-        update, direct = await self._execute_call(plan, call, state, ctx)
+        update, direct, _ = await self._tool_call(plan, call, state, ctx)
         if ctx.recorder is not None:
             await ctx.recorder.pending(call["id"], {"update": update, "direct": direct})
         return update, direct
 
+    def _tool_call(self, plan: _Plan, call: Any, state: dict[str, Any],
+                   ctx: RunContext) -> Awaitable[tuple[dict[str, Any], bool, ToolMessage]]:
+        """One tool call (in its span when the run is traced)."""
+        work = self._execute_call(plan, call, state, ctx)
+        if not ctx.trace.on:
+            return work
+        return ctx.trace.tool_call(ctx, call, plan.tools.get(call.get("name") or ""), work)
+
     async def _execute_call(self, plan: _Plan, call: Any, state: dict[str, Any],
-                            ctx: RunContext) -> tuple[dict[str, Any], bool]:
-        """Run one tool call through the middleware; returns its state update and return-direct flag."""
+                            ctx: RunContext) -> tuple[dict[str, Any], bool, ToolMessage]:
+        """Run one tool call through the middleware; returns its state update, return-direct flag and result."""
         name = call.get("name") or ""
         tool = plan.tools.get(name)
         listening = ctx.bus is not None and bool(ctx.bus.listeners)
@@ -406,7 +423,7 @@ class Agent:
             event = "error" if message.status == "error" else "finished"
             ctx.emit("tool", {"event": event, "tool_call_id": call["id"], "tool_name": name,
                               "message": message})
-        return update, direct
+        return update, direct, message
 
     # -- public entry points -------------------------------------------------
 
@@ -415,7 +432,9 @@ class Agent:
         """A context for a run started here: nested under the calling tool's run if there is one."""
         caller = current_tool_call.get()
         if caller is None:
-            return RunContext(self.graph_name, new_id(), bus=bus, context=context, metadata=dict(metadata or {}))
+            # Without a listener, nothing reads the run's spans: only OpenTelemetry's, if set up.
+            return RunContext(self.graph_name, new_id(), bus=bus, context=context, metadata=dict(metadata or {}),
+                              trace=Trace(kept=bus is not None))
         parent, call_id = caller
         segment = f"{self.name or 'tools'}:{call_id}"
         return RunContext(
@@ -423,7 +442,7 @@ class Agent:
             namespace=(*parent.namespace, segment), bus=bus or parent.bus,
             context=parent.context if context is None else context, store=parent.store,
             metadata={**parent.metadata, **(metadata or {})}, resume=parent.resume,
-            runtime=parent.runtime, parent=parent,
+            runtime=parent.runtime, parent=parent, trace=parent.trace,
         )
 
     async def ainvoke(self, input: Any, *, thread_id: str | None = None, context: Any = None,

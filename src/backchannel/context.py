@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from backchannel.events import Event, EventBus
 from backchannel.messages import AnyMessage
+from backchannel.tracing import RunSpan, Trace
 
 __all__ = ["Inbox", "RunContext", "StepRecorder", "current_tool_call"]
 
@@ -61,6 +62,8 @@ class RunContext:
     parent: RunContext | None = None
     deadline: float | None = None  # event-loop time by which the run must end (it then times out)
     max_iterations: int | None = None  # this run's limit of model calls, instead of the agent's
+    trace: Trace = field(default_factory=Trace)  # what the run does, as spans (shared with nested runs)
+    span: RunSpan | None = None  # this run's own span in it, while it runs
 
     def emit(self, type: str, data: Any) -> None:
         """Publish an event of this run (a no-op when nobody listens)."""

@@ -31,6 +31,7 @@ from backchannel.context import RunContext
 from backchannel.errors import NotFoundError
 from backchannel.messages import AIMessage, HumanMessage
 from backchannel.middleware import Middleware
+from backchannel.tracing import trace_context
 
 __all__ = ["CompletionNotifier", "ParentContext", "format_notification", "notification_message"]
 
@@ -66,17 +67,21 @@ def format_notification(task_id: str, subagent: str, status: str, detail: str) -
     return f"{head} Error: {detail}"
 
 
-def notification_message(task_id: str, subagent: str, status: str, detail: str, run_id: str) -> HumanMessage:
+def notification_message(task_id: str, subagent: str, status: str, detail: str, run_id: str,
+                         trace: Mapping[str, str] | None = None) -> HumanMessage:
     """The user message that carries a notification, with a marker UIs can render specially.
 
-    Its id derives from the idempotency key, so a redelivered copy replaces itself.
+    Its id derives from the idempotency key, so a redelivered copy replaces itself. ``trace`` is
+    the W3C trace context of the task's run, for the supervisor's trace to link to.
     """
     key = f"{task_id}:{run_id}"
+    marker: dict[str, Any] = {"task_id": task_id, "subagent": subagent, "status": status, "run_id": run_id}
+    if trace:
+        marker["trace_context"] = dict(trace)
     return HumanMessage(
         format_notification(task_id, subagent, status, detail),
         id=f"task-notification-{hashlib.sha1(key.encode()).hexdigest()[:24]}",
-        additional_kwargs={"task_notification": {"task_id": task_id, "subagent": subagent, "status": status,
-                                                 "run_id": run_id}},
+        additional_kwargs={"task_notification": marker},
     )
 
 
@@ -93,7 +98,7 @@ class CompletionNotifier(Middleware):
         status, detail = _outcome(result)
         if status is None:
             return
-        message = notification_message(task_id, ctx.agent, status, detail, ctx.run_id)
+        message = notification_message(task_id, ctx.agent, status, detail, ctx.run_id, trace_context())
         key, assistant_id = f"{task_id}:{ctx.run_id}", state.get("parent_assistant_id")
         url = state.get("parent_url")
         if url and url != getattr(ctx.runtime, "public_url", None):

@@ -31,6 +31,7 @@ from backchannel.runtime.run_options import (
 from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, ThreadRow, now_iso
 from backchannel.runtime.webhooks import check_webhook_url
 from backchannel.serde import to_jsonable
+from backchannel.tracing import with_trace_context
 
 if TYPE_CHECKING:
     from backchannel.runtime.local import LocalRuntime
@@ -332,6 +333,8 @@ class RunsClient:
         active = [] if new_thread else await rt.storage.active_runs(thread_id)
         if active and strategy == "reject":
             raise ConflictError(_BUSY)
+        if not _wake:  # a wake-up starts a trace of its own (its notifications link back to their tasks)
+            config = with_trace_context(config)
         kwargs: dict[str, Any] = {
             "input": to_jsonable(input), "command": to_jsonable(command) if command else None,
             "config": dict(config or {}), "context": context, "stream_mode": modes,

@@ -47,6 +47,7 @@ from backchannel.runtime.streams import RunStream
 from backchannel.runtime.webhooks import post_webhook
 from backchannel.serde import to_jsonable
 from backchannel.state import Reducer, snapshot
+from backchannel.tracing import continued_from
 
 __all__ = ["DEFAULT_STORE", "LocalRuntime", "assistant_id_for"]
 
@@ -425,7 +426,8 @@ class LocalRuntime:
             return state, RunResult("success", state.values)
         if kwargs.get("timeout"):
             ctx.deadline = asyncio.get_running_loop().time() + kwargs["timeout"]
-        return state, await agent.run(state.values, ctx, stage=stage)
+        with continued_from(kwargs.get("config")):  # the trace of whatever queued the run, across processes
+            return state, await agent.run(state.values, ctx, stage=stage)
 
     async def _load_state(self, row: RunRow, reducers: Mapping[str, Reducer]) -> ThreadState:
         checkpoint_id = row.kwargs.get("checkpoint_id")

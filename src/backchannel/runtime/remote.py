@@ -26,6 +26,7 @@ from backchannel.errors import (
 )
 from backchannel.runtime.modes import StreamPart
 from backchannel.serde import dumps
+from backchannel.tracing import with_trace_context
 
 __all__ = ["DEFAULT_URL", "RemoteRuntime"]
 
@@ -334,6 +335,9 @@ def _runs_path(thread_id: str | None, suffix: str = "") -> str:
 def _run_body(assistant_id: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """A run's JSON body from ``runs.create`` keyword arguments (those the HTTP API has)."""
     body = {k: v for k, v in kwargs.items() if v is not None and k not in ("headers", "params", "raise_error")}
+    config = with_trace_context(body.get("config"))  # the run continues this trace on the server
+    if config is not None:
+        body["config"] = config
     return {"assistant_id": assistant_id, **body}
 
 
