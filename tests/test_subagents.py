@@ -112,6 +112,26 @@ async def test_failing_subagent_is_an_error_result_and_its_siblings_finish():
     assert state["messages"][-1].text == "recovered"
 
 
+async def test_sync_task_honours_the_subagents_timeout():
+    agent = create_deep_agent(
+        supervisor({"tool_calls": [task("slow", "take forever", "t1"), task("quick", "be quick", "t2")]},
+                   "moved on"),
+        subagents=[SubAgent("slow", "Hangs.", model=ScriptedModel(["too late"], latency=30), timeout=0.5),
+                   SubAgent("quick", "Quick.", model=ScriptedModel(["quick answer"]), timeout=0.5)])
+    started = time.monotonic()
+    stream = agent.astream("go")
+    events = [e async for e in stream]
+    elapsed = time.monotonic() - started
+    state = stream.result
+    slow, quick = tool_messages(state["messages"], "task")
+    assert slow.status == "error" and "slow" in slow.text and "0.5" in slow.text and "timed out" in slow.text
+    assert quick.status == "success" and quick.text == "quick answer"
+    assert state["messages"][-1].text == "moved on"
+    assert elapsed < 5  # 30 s if the timeout were ignored
+    [ended] = [e for e in lifecycle(events, ("slow:t1",)) if e.data["event"] != "started"]
+    assert ended.data["event"] in ("failed", "cancelled")
+
+
 async def test_subagent_that_asks_for_human_input_is_an_error_for_sync_task():
     @tool
     def ask() -> str:

@@ -13,6 +13,8 @@ own name, with the tool call as its cause.
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +34,7 @@ class SubAgent:
 
     ``tools``/``model`` ``None`` means the supervisor's. ``fork=True`` starts
     a synchronous subagent on a copy of the supervisor's conversation rather
-    than a fresh one. ``timeout`` (seconds) bounds a background task.
+    than a fresh one. ``timeout`` (seconds) bounds each of its tasks, in the background or with ``task``.
     ``url`` and ``graph_id`` declare a subagent served by another server (a
     background task there, reached with ``headers``, e.g. ``{"x-api-key": ...}``).
     """
@@ -143,9 +145,13 @@ class SubAgentMiddleware(Middleware):
         spec = self.delegates.spec(subagent_type)
         agent = self.delegates.agent(spec)
         history = forked_history(runtime.state.get("messages") or []) if spec.fork else []
+        limit = asyncio.timeout(spec.timeout)
         try:
-            result = await agent.ainvoke({"messages": [*history, HumanMessage(description)]})
+            async with limit:
+                result = await agent.ainvoke({"messages": [*history, HumanMessage(description)]})
         except Exception as exc:
+            if isinstance(exc, TimeoutError) and limit.expired():
+                raise ToolError(f"subagent {spec.name!r} timed out after {spec.timeout:g} s and was stopped") from None
             raise ToolError(f"subagent {spec.name!r} failed: {type(exc).__name__}: {exc}") from exc
         if result.get("__interrupt__"):
             raise ToolError(f"subagent {spec.name!r} stopped to ask for human input, which a task run with "
