@@ -2,32 +2,36 @@
 
 A call is one queue put on the way there and one ``call_soon_threadsafe`` on
 the way back: no ``concurrent.futures`` future to chain to an asyncio one, which
-roughly halves what ``to_thread`` adds to a trivial call. Threads start on
-demand, up to the same bound as asyncio's default executor, and stay for the
-next calls; they are daemons, so a tool stuck forever does not keep the
-interpreter alive.
+roughly halves what ``to_thread`` adds to a trivial call. A call that finds no
+idle thread starts a new one, so a tool that hangs (a network call that never
+answers) holds only its own thread and never starves the others, up to
+:data:`MAX_THREADS`. Threads stay for the next calls and end after
+:data:`IDLE_SECONDS` without one; they are daemons, so a tool stuck forever
+does not keep the interpreter alive. Python cannot stop a thread: a call whose
+caller was cancelled runs on until the function returns, and its result is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["run_in_thread"]
+__all__ = ["IDLE_SECONDS", "MAX_THREADS", "run_in_thread"]
 
-_MAX_THREADS = min(32, (os.cpu_count() or 1) + 4)
+MAX_THREADS = 512  # past this many busy threads, calls wait their turn
+IDLE_SECONDS = 60.0
 
 _Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], contextvars.Context, Callable[..., Any], dict[str, Any]]
 
 _jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
 _idle = threading.Semaphore(0)  # one token per thread waiting for a job
-_threads: list[threading.Thread] = []
+_threads: set[threading.Thread] = set()
 _lock = threading.Lock()
+_started = 0
 
 
 def run_in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
@@ -41,16 +45,26 @@ def run_in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Fut
 
 
 def _add_thread() -> None:
+    global _started
     with _lock:
-        if len(_threads) < _MAX_THREADS:
-            thread = threading.Thread(target=_work, name=f"backchannel-tool-{len(_threads)}", daemon=True)
-            _threads.append(thread)
+        if len(_threads) < MAX_THREADS:
+            _started += 1
+            thread = threading.Thread(target=_work, name=f"backchannel-tool-{_started}", daemon=True)
+            _threads.add(thread)
             thread.start()
 
 
 def _work() -> None:
     while True:
-        loop, future, context, fn, kwargs = _jobs.get()
+        try:
+            loop, future, context, fn, kwargs = _jobs.get(timeout=IDLE_SECONDS)
+        except queue.Empty:
+            # Take back this thread's idle token and end; if every token is spoken for, a job is on its way.
+            if _idle.acquire(blocking=False):
+                with _lock:
+                    _threads.discard(threading.current_thread())
+                return
+            continue
         try:
             result = context.run(fn, **kwargs)
         except StopIteration as exc:  # an asyncio future refuses it
