@@ -65,11 +65,17 @@ def test_event_to_dict():
                            "run_id": "r1", "seq": 7, "data": {"x": 1}}
 
 
-def test_filter_metadata_drops_internal_keys_and_tags():
-    meta = {"user": "u", "langgraph_step": 3, "__pregel": 1, "thread_id": "t", "checkpoint_ns": "",
-            "tags": ["mine", "seq:step:1", "langsmith:hidden"], "ls_provider": "x"}
-    assert filter_metadata(meta) == {"user": "u", "tags": ["mine"]}
+def test_filter_metadata_drops_framework_keys_and_tags_only():
+    # Seed 002 (last revision): only framework keys (langgraph_*, thread_id, checkpoint_*) and the internal
+    # seq:step tags are dropped; lc_*/ls_* keys, user metadata and the other tags ride along.
+    meta = {"user": "u", "langgraph_step": 3, "langgraph_node": "tools", "langgraph_checkpoint_ns": "x:1",
+            "__pregel_task_id": "1", "thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c",
+            "tags": ["mine", "seq:step:1", "langsmith:hidden"], "ls_provider": "x", "ls_integration": "deepagents",
+            "lc_agent_name": "researcher", "ls_custom": 1}
+    assert filter_metadata(meta) == {"user": "u", "tags": ["mine", "langsmith:hidden"], "ls_provider": "x",
+                                     "ls_integration": "deepagents", "lc_agent_name": "researcher", "ls_custom": 1}
     assert filter_metadata({"tags": ["seq:step:2"]}) == {}
+    assert filter_metadata({"langgraph_step": 1, "thread_id": "t", "checkpoint_ns": ""}) == {}
     assert filter_metadata(None) == {}
 
 
@@ -204,6 +210,33 @@ async def test_metadata_is_forwarded_on_lifecycle_without_internal_keys():
     assert of(events, "lifecycle", "started")[0].data["metadata"] == {"user": "u1"}
 
 
+async def test_lifecycle_with_only_framework_metadata_carries_no_metadata_key():
+    agent = create_agent(ScriptedModel(["x"]))
+    events, _ = await collect(agent, metadata={"langgraph_node": "x", "thread_id": "t", "checkpoint_ns": ""})
+    assert all("metadata" not in e.data for e in of(events, "lifecycle"))
+
+
+async def test_user_meaningful_metadata_reaches_the_subagents_lifecycle_events():
+    researcher = create_agent(ScriptedModel(["found it"]), name="researcher")
+
+    @tool
+    async def research(topic: str) -> str:
+        """Research a topic."""
+        return (await researcher.ainvoke(topic))["messages"][-1].text
+
+    supervisor = create_agent(
+        ScriptedModel([{"tool_calls": [call("research", {"topic": "bees"}, "call_abc")]}, "summary"]),
+        [research], name="supervisor")
+    events, _ = await collect(supervisor, "go", metadata={
+        "ls_integration": "deepagents", "lc_custom": "c", "user": "u1", "langgraph_step": 4, "thread_id": "t"})
+    sub_life = [e for e in of(events, "lifecycle") if e.namespace]
+    assert [e.data["event"] for e in sub_life] == ["started", "completed"]
+    for e in sub_life:
+        meta = e.data["metadata"]
+        assert meta["ls_integration"] == "deepagents" and meta["lc_custom"] == "c" and meta["user"] == "u1"
+        assert not any(k.startswith(("langgraph_", "checkpoint_")) or k == "thread_id" for k in meta)
+
+
 # -- nested agents ----------------------------------------------------------------------
 
 
@@ -243,6 +276,78 @@ async def test_named_agent_inside_a_tool_is_a_subagent():
     assert tool_started < sub_life[0].seq < sub_life[-1].seq < tool_finished
     root_life = [e for e in of(events, "lifecycle") if not e.namespace]
     assert [e.data["event"] for e in root_life] == ["started", "completed"]
+
+
+def _research_tool(researcher, way, runtime=None):
+    """A ``research`` tool whose body runs ``researcher`` one way (seed 002: all are reported alike)."""
+    if way == "ainvoke":
+        @tool
+        async def research(topic: str) -> str:
+            """Research a topic."""
+            return (await researcher.ainvoke(topic))["messages"][-1].text
+    elif way == "invoke":
+        @tool
+        def research(topic: str) -> str:
+            """Research a topic."""
+            return researcher.invoke(topic)["messages"][-1].text
+    elif way == "astream":
+        @tool
+        async def research(topic: str) -> str:
+            """Research a topic."""
+            stream = researcher.astream(topic)
+            async for _ in stream:  # watching its progress
+                pass
+            return stream.result["messages"][-1].text
+    elif way == "stream":
+        @tool
+        def research(topic: str) -> str:
+            """Research a topic."""
+            finishes = [e for e in researcher.stream(topic) if e.type == "message" and e.data["event"] == "finish"]
+            return finishes[-1].data["message"].text
+    else:  # through a runtime: the agent is registered there and runs on a thread of its own
+        @tool
+        async def research(topic: str) -> str:
+            """Research a topic."""
+            return (await researcher.ainvoke(topic, thread_id="research-thread"))["messages"][-1].text
+    return research
+
+
+@pytest.mark.parametrize("way", ["ainvoke", "invoke", "astream", "stream", "runtime"])
+async def test_every_way_of_running_a_named_agent_in_a_tool_reports_a_subagent(way):
+    from backchannel.runtime import LocalRuntime
+
+    researcher = create_agent(ScriptedModel(["found it"]), name="researcher")
+    supervisor = create_agent(
+        ScriptedModel([{"tool_calls": [call("research", {"topic": "bees"}, "call_abc")]}, "summary"]),
+        [_research_tool(researcher, way)], name="supervisor")
+    async with LocalRuntime("memory", agents={"researcher": researcher}):
+        events, state = await collect(supervisor, "go")
+    assert [m.text for m in state["messages"] if m.type == "tool"] == ["found it"]
+    sub_life = [e for e in of(events, "lifecycle") if e.namespace]
+    assert [e.data["event"] for e in sub_life] == ["started", "completed"], way
+    for e in sub_life:
+        assert tuple(e.namespace) == ("researcher:call_abc",) and e.agent == "researcher"
+        assert e.data["graph_name"] == "researcher"
+        assert e.data["cause"] == {"type": "toolCall", "tool_call_id": "call_abc"}
+    nested = [e for e in events if e.namespace]
+    assert "".join(e.data["text"] for e in nested if e.type == "message" and e.data["event"] == "delta") == "found it"
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(set(seqs))
+    assert of(events, "tool", "started")[0].seq < sub_life[0].seq < sub_life[-1].seq < of(
+        events, "tool", "finished")[0].seq
+    root_life = [e for e in of(events, "lifecycle") if not e.namespace]
+    assert [e.data["event"] for e in root_life] == ["started", "completed"]
+
+
+@pytest.mark.parametrize("way", ["ainvoke", "invoke", "astream", "stream"])
+async def test_no_way_of_running_an_unnamed_agent_in_a_tool_reports_a_subagent(way):
+    helper = create_agent(ScriptedModel(["found it"]))  # no name
+    agent = create_agent(ScriptedModel([{"tool_calls": [call("research", {"topic": "?"}, "call_h")]}, "ok"]),
+                         [_research_tool(helper, way)], name="main")
+    events, state = await collect(agent)
+    assert [m.text for m in state["messages"] if m.type == "tool"] == ["found it"]
+    life = of(events, "lifecycle")
+    assert [(tuple(e.namespace), e.data["event"]) for e in life] == [((), "started"), ((), "completed")]
 
 
 async def test_unnamed_nested_agent_emits_no_lifecycle_of_its_own():

@@ -329,6 +329,90 @@ async def test_wait_mode_takes_completions_that_arrive_together_in_a_few_model_c
     assert sum(batches) == k and len([b for b in batches if b]) <= k // 4, batches
 
 
+def _trickling_researcher(spacing: float, offset: float = 0.3) -> SubAgent:
+    """Background researchers whose task ``job i`` answers ``offset + i * spacing`` s after the first starts."""
+    t0: list[float] = []
+
+    @tool
+    async def take_turn(i: int) -> str:
+        """Wait for turn i."""
+        if not t0:
+            t0.append(time.monotonic())
+        await asyncio.sleep(max(0.0, t0[0] + offset + i * spacing - time.monotonic()))
+        return f"turn {i}"
+
+    def work(request):
+        last = request.messages[-1]
+        if isinstance(last, ToolMessage):
+            return f"result of {last.text}"
+        return {"tool_calls": [call("take_turn", {"i": int(last.text.split()[-1])}, "w")]}
+
+    return researcher(policy(work), tools=[take_turn])
+
+
+@pytest.mark.parametrize("k, spacing", [(60, 0.02), (200, 0.01)])
+async def test_wait_mode_survives_results_that_trickle_in(k, spacing):
+    heard: list[str] = []  # task ids, in the order the supervisor's model first saw them
+    calls = 0
+
+    def boss(request):
+        nonlocal calls
+        calls += 1
+        if isinstance(request.messages[-1], HumanMessage) and not is_note(request.messages[-1]):
+            return {"tool_calls": [start("researcher", f"job {i}", f"s{i}") for i in range(k)]}
+        for m in reversed(request.messages):
+            if m.type == "ai":
+                break
+            if is_note(m):
+                heard.append(m.additional_kwargs["task_notification"]["task_id"])
+        return f"heard {len(heard)}"
+
+    agent = create_deep_agent(policy(boss, latency=0.005), subagents=[_trickling_researcher(spacing)],
+                              general_purpose=False, completion="wait", max_concurrent_tasks=k)
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        state = await asyncio.wait_for(agent.ainvoke("go", thread_id="t1"), 60)
+        runs = await rt.runs.list("t1")
+    assert [r["status"] for r in runs] == ["success"]
+    assert len(heard) == len(set(heard)) == k and sorted(heard) == sorted(state["async_tasks"])
+    assert len(notes(state["messages"])) == k
+    assert {t["status"] for t in state["async_tasks"].values()} == {"success"}
+    assert state["messages"][-1].text == f"heard {k}"
+
+
+async def test_the_iteration_limit_still_stops_a_supervisor_that_loops_on_its_own_while_waiting():
+    from backchannel import MaxIterationsError
+
+    @tool
+    async def fidget() -> str:
+        """Do nothing useful."""
+        return "fidgeted"
+
+    def boss(request):
+        if isinstance(request.messages[-1], HumanMessage) and not is_note(request.messages[-1]):
+            return {"tool_calls": [start("researcher", "job 0", "s0")]}
+        return {"tool_calls": [call("fidget", {}, f"f{len(request.messages)}")]}  # never stops by itself
+
+    agent = create_deep_agent(policy(boss), [fidget], subagents=[researcher(ScriptedModel(["r"], latency=30))],
+                              general_purpose=False, completion="wait", max_iterations=8)
+    async with LocalRuntime("memory", agents={"supervisor": agent}):
+        with pytest.raises(MaxIterationsError):
+            await asyncio.wait_for(agent.ainvoke("go", thread_id="t1"), 10)
+
+
+async def test_the_iteration_limit_stops_a_supervisor_that_starts_a_task_for_every_result():
+    from backchannel import MaxIterationsError
+
+    def boss(request):
+        n = len([m for m in request.messages if m.type == "ai"])
+        return {"tool_calls": [start("researcher", f"job {n}", f"s{n}")]}  # every result starts another task
+
+    agent = create_deep_agent(policy(boss), subagents=[researcher(ScriptedModel(["r"], loop=True, latency=0.01))],
+                              general_purpose=False, completion="wait", max_iterations=8)
+    async with LocalRuntime("memory", agents={"supervisor": agent}):
+        with pytest.raises(MaxIterationsError):
+            await asyncio.wait_for(agent.ainvoke("go", thread_id="t1"), 10)
+
+
 async def test_wait_mode_ends_at_once_when_nothing_is_pending():
     agent = create_deep_agent(ScriptedModel(["nothing to wait for"]), subagents=[researcher(ScriptedModel([]))],
                               general_purpose=False, completion="wait")

@@ -126,7 +126,7 @@ async def test_more_parallel_sync_calls_than_worker_threads_all_complete():
         time.sleep(0.01)
         return 2 * x
 
-    n = 80  # more than the worker threads (at most 32): the rest wait their turn
+    n = 80  # each call that finds no idle worker thread starts one
     script = [{"tool_calls": [call("double", {"x": i}, f"c{i}") for i in range(n)]}, "done"]
     state = await create_agent(ScriptedModel(script), [double]).ainvoke("go")
     assert [m.text for m in tool_messages(state)] == [str(2 * i) for i in range(n)]
@@ -333,6 +333,58 @@ async def test_a_sync_tool_raising_stop_iteration_fails_like_any_other():
     assert msg.status == "error" and "StopIteration" in msg.text
 
 
+class _Unusual(BaseException):
+    """Not an Exception: what a library's own control-flow signal might derive from."""
+
+
+def _argparse_cli(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="convert")
+    parser.add_argument("--count", type=int, required=True)
+    return parser.parse_args(argv).count  # exits (SystemExit 2) on a bad argument
+
+
+@pytest.mark.parametrize("raised", ["argparse", "SystemExit", "KeyboardInterrupt", "BaseException"])
+@pytest.mark.parametrize("kind", ["sync", "inline", "async"])
+async def test_a_tool_raising_a_base_exception_becomes_an_error_like_any_other(kind, raised):
+    def body() -> str:
+        if raised == "argparse":
+            _argparse_cli(["--count", "many"])
+        exc = {"SystemExit": SystemExit(3), "KeyboardInterrupt": KeyboardInterrupt(),
+               "BaseException": _Unusual("odd")}[raised]
+        raise exc
+
+    if kind == "async":
+        @tool
+        async def convert() -> str:
+            """Convert."""
+            await asyncio.sleep(0)
+            return body()
+    else:
+        @tool(inline=kind == "inline")
+        def convert() -> str:
+            """Convert."""
+            return body()
+
+    @tool
+    async def fine() -> str:
+        """Fine."""
+        await asyncio.sleep(0.05)
+        return "fine"
+
+    agent, model = _agent([{"tool_calls": [call("convert", {}, "c1"), call("fine", {}, "c2")]}, "recovered"],
+                          [convert, fine])
+    state = await asyncio.wait_for(agent.ainvoke("go"), 10)
+    by_id = {m.tool_call_id: m for m in tool_messages(state)}
+    assert by_id["c1"].status == "error" and "tool 'convert' failed" in by_id["c1"].text
+    assert {"argparse": "SystemExit", "SystemExit": "SystemExit", "KeyboardInterrupt": "KeyboardInterrupt",
+            "BaseException": "_Unusual"}[raised] in by_id["c1"].text
+    assert by_id["c2"].status == "success" and by_id["c2"].text == "fine"  # its sibling is untouched
+    assert state["messages"][-1].text == "recovered"
+    assert model.requests[1].messages[-2:] == [by_id["c1"], by_id["c2"]]
+
+
 async def test_invalid_tool_calls_on_the_ai_message_become_errors():
     bad = AIMessage("", invalid_tool_calls=[{"name": "add", "args": '{"a": 1,', "id": "call_bad",
                                              "error": "Expecting value", "type": "invalid_tool_call"}])
@@ -470,6 +522,43 @@ async def test_non_string_tool_output_is_json():
     agent, _ = _agent([{"tool_calls": [call("data")]}, "done"], [data])
     state = await agent.ainvoke("go")
     assert tool_messages(state)[0].text == '{"a": [1, 2]}'
+
+
+def _circular() -> list:
+    loop: list = []
+    loop.append(loop)
+    return loop
+
+
+@pytest.mark.parametrize("value", ["circular list", "object in content blocks", "circular dict", "circular block"])
+@pytest.mark.parametrize("where", ["memory", "sqlite"])
+async def test_a_tool_result_that_cannot_be_serialised_is_an_error_the_model_sees(value, where, tmp_path):
+    from backchannel.runtime import LocalRuntime
+
+    make = {"circular list": _circular,
+            "object in content blocks": lambda: [{"type": "text", "text": "a chart:"},
+                                                 {"type": "image", "data": object()}],
+            "circular dict": lambda: (lambda d: (d.__setitem__("self", d), d)[1])({}),
+            "circular block": lambda: [{"type": "text", "text": "x", "extras": _circular()}]}[value]
+
+    @tool
+    def produce() -> object:
+        """Produce a value."""
+        return make()
+
+    agent, model = _agent([{"tool_calls": [call("produce", {}, "c1")]}, "recovered"], [produce])
+    url = "memory" if where == "memory" else f"sqlite:///{tmp_path}/t.db"
+    async with LocalRuntime(url, agents={"agent": agent}) as rt:
+        state = await agent.ainvoke("go", thread_id="t1")
+        [msg] = tool_messages(state)
+        assert msg.status == "error" and "tool 'produce'" in msg.text and "serialis" in msg.text
+        assert state["messages"][-1].text == "recovered"
+        assert model.requests[1].messages[-1].tool_call_id == "c1"
+        assert model.requests[1].messages[-1].status == "error"
+        [run] = await rt.runs.list("t1")
+        assert run["status"] == "success"
+        stored = (await rt.threads.get_state("t1"))["values"]["messages"]
+        assert [m["status"] for m in stored if m["type"] == "tool"] == ["error"]
 
 
 # -- ToolRuntime -------------------------------------------------------------------------

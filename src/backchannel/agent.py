@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from backchannel.context import RunContext, current_tool_call
+from backchannel.context import CallingTool, RunContext, current_tool_call, forward_events
 from backchannel.errors import MaxIterationsError, MiddlewareError
 from backchannel.events import Event, EventBus, filter_metadata
 from backchannel.interrupts import GraphInterrupt, Interrupt, InterruptScope, current_scope
@@ -27,6 +27,7 @@ from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_fr
 from backchannel.middleware import HOOKS, JUMPS, Middleware, ModelHandler, ToolCallRequest, ToolHandler, overrides
 from backchannel.models import init_model
 from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, TextDelta, ToolCallDelta
+from backchannel.serde import dumps
 from backchannel.state import MessageList, Reducer, apply_update, reducers_of, snapshot
 from backchannel.streaming import AgentStream
 from backchannel.tools import Tool, ToolArgumentsError, ToolError, ToolResult, ToolRuntime, as_tool
@@ -227,7 +228,7 @@ class Agent:
         data: dict[str, Any] = {"event": event, "graph_name": self.graph_name, **extra}
         if event != "started" and ctx.span is not None:
             data["usage"] = ctx.trace.usage_of(ctx.span)  # its subagents' included
-        if ctx.parent is not None:
+        if ctx.parent is not None and ctx.namespace:  # else its own stream: the forwarder adds the cause
             data["cause"] = {"type": "toolCall", "tool_call_id": ctx.namespace[-1].partition(":")[2]}
         metadata = filter_metadata(ctx.metadata)
         if metadata:
@@ -240,20 +241,23 @@ class Agent:
         name, _, index = stage.partition(":")
         start = int(index or 0)
         model_calls = 0
+        woken = False  # after_agent sent a finished run back to the model
         while True:
             if name == "before_agent":
                 jump = await self._run_hooks(plan, "before_agent", state, ctx, start)
                 name = "after_agent" if jump else "before_model"
             elif name == "before_model":
-                if start == 0 and ctx.inbox is not None:
-                    await self._deliver_inbox(plan, state, ctx)
+                delivered = start == 0 and ctx.inbox is not None and await self._deliver_inbox(plan, state, ctx)
                 if await self._run_hooks(plan, "before_model", state, ctx, start):
                     name, start = "after_agent", 0
                     continue
-                model_calls += 1
-                limit = ctx.max_iterations or self.max_iterations
-                if model_calls > limit:
-                    raise MaxIterationsError(limit)
+                # A finished run woken by mail (task results) is not looping: only the other calls count.
+                if not (woken and delivered):
+                    model_calls += 1
+                    limit = ctx.max_iterations or self.max_iterations
+                    if model_calls > limit:
+                        raise MaxIterationsError(limit)
+                woken = False
                 message = await self._call_model(plan, state, ctx)
                 name = _stage_after_reply(plan, message)
                 await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)
@@ -272,7 +276,7 @@ class Agent:
             elif name == "after_agent":
                 if not await self._run_hooks(plan, "after_agent", state, ctx, start):
                     return
-                name = "before_model"
+                name, woken = "before_model", True
             else:
                 raise ValueError(f"cannot continue a run at unknown stage {stage!r}")
             start = 0
@@ -320,13 +324,15 @@ class Agent:
                 return jump
         return None
 
-    async def _deliver_inbox(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> None:
+    async def _deliver_inbox(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> bool:
+        """Add the messages waiting in the inbox to the state; returns whether there were any."""
         assert ctx.inbox is not None
         arrived = ctx.inbox.drain()
         if arrived:
             ctx.trace.took_notifications(ctx, arrived)
             await self._apply(plan, state, ctx, "inbox", {"messages": arrived}, "before_model")
             await ctx.inbox.ack(arrived)
+        return bool(arrived)
 
     async def _call_model(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> AIMessage:
         request = ModelRequest(plan.model, state["messages"], plan.system_prompt, plan.tool_list,
@@ -429,21 +435,44 @@ class Agent:
 
     def _context(self, *, bus: EventBus | None = None, context: Any = None,
                  metadata: Mapping[str, Any] | None = None) -> RunContext:
-        """A context for a run started here: nested under the calling tool's run if there is one."""
+        """A context for a run started here: nested under the calling tool's run if there is one.
+
+        A nested run on the caller's loop without a stream of its own publishes
+        straight into the caller's stream. Otherwise (``astream``/``stream``, or
+        ``invoke`` from a sync tool's thread) it has its own bus, relative to it,
+        whose events are forwarded to the caller's stream: either way it is
+        reported the same, as a subagent if it has a name.
+        """
         caller = current_tool_call.get()
         if caller is None:
             # Without a listener, nothing reads the run's spans: only OpenTelemetry's, if set up.
             return RunContext(self.graph_name, new_id(), bus=bus, context=context, metadata=dict(metadata or {}),
                               trace=Trace(kept=bus is not None))
-        parent, call_id = caller
+        parent, call_id, loop = caller
         segment = f"{self.name or 'tools'}:{call_id}"
+        namespace: tuple[str, ...] = (*parent.namespace, segment)
+        if bus is not None or loop is not asyncio.get_running_loop():
+            bus = self._forwarding_bus(caller, bus)
+            namespace = ()
+        else:
+            bus = parent.bus
         return RunContext(
-            self.graph_name, parent.run_id, thread_id=parent.thread_id,
-            namespace=(*parent.namespace, segment), bus=bus or parent.bus,
+            self.graph_name, parent.run_id, thread_id=parent.thread_id, namespace=namespace, bus=bus,
             context=parent.context if context is None else context, store=parent.store,
             metadata={**parent.metadata, **(metadata or {})}, resume=parent.resume,
             runtime=parent.runtime, parent=parent, trace=parent.trace,
         )
+
+    def _forwarding_bus(self, caller: CallingTool, bus: EventBus | None = None) -> EventBus | None:
+        """``bus`` (or a new one, if the caller's stream listens) whose events reach the caller's stream."""
+        parent_bus = caller.run.bus
+        if parent_bus is None or not parent_bus.listeners:
+            return bus
+        if bus is None:
+            bus = EventBus(wants_values=parent_bus.wants_values, wants_deltas=parent_bus.wants_deltas)
+        forward_events(bus, caller.run, f"{self.name or 'tools'}:{caller.call_id}", caller.call_id,
+                       lifecycle=self.name is not None, loop=caller.loop)
+        return bus
 
     async def ainvoke(self, input: Any, *, thread_id: str | None = None, context: Any = None,
                       metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -454,8 +483,7 @@ class Agent:
         ``"__interrupt__"``.
         """
         if thread_id is not None:
-            return await self._runtime_for_threads().invoke(self, thread_id, input, context=context,
-                                                             metadata=metadata)
+            return await self._invoke_on_thread(thread_id, input, context, metadata, None)
         state = initial_state(input)
         # A task of its own (with a copy of the caller's context), so context variables that
         # hooks set stay within this run instead of leaking into the caller and its next run.
@@ -477,8 +505,7 @@ class Agent:
         """
         async def start(bus: EventBus) -> dict[str, Any]:
             if thread_id is not None:
-                return await self._runtime_for_threads().invoke(self, thread_id, input, context=context,
-                                                                 metadata=metadata, bus=bus)
+                return await self._invoke_on_thread(thread_id, input, context, metadata, bus)
             state = initial_state(input)
             result = await self.run(state, self._context(bus=bus, context=context, metadata=metadata))
             if result.interrupts:
@@ -501,6 +528,16 @@ class Agent:
         finally:
             loop.run_until_complete(events.aclose())
             loop.close()
+
+    async def _invoke_on_thread(self, thread_id: str, input: Any, context: Any,
+                                metadata: Mapping[str, Any] | None, bus: EventBus | None) -> dict[str, Any]:
+        """A run on a runtime thread; from inside a tool, reported in the caller's stream as a nested run."""
+        runtime = self._runtime_for_threads()
+        caller = current_tool_call.get()
+        if caller is not None:
+            bus = self._forwarding_bus(caller, bus)
+            metadata = {**filter_metadata(caller.run.metadata), **(metadata or {})}
+        return await runtime.invoke(self, thread_id, input, context=context, metadata=metadata, bus=bus)
 
     def _runtime_for_threads(self) -> Any:
         if self.runtime is None:
@@ -597,12 +634,28 @@ def _error_message(call: Any, text: str) -> ToolMessage:
 
 
 def _content(value: Any) -> Any:
-    """Tool output as message content: strings and content blocks as they are, the rest as JSON."""
+    """Tool output as message content: strings and content blocks as they are, the rest as JSON.
+
+    Raises :class:`ToolError` for what cannot be serialised (a circular list, an object in a
+    content block), so the model is told rather than the run failing when it is saved or sent.
+    """
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(b, dict) and "type" in b for b in value):
-        return value
-    return json.dumps(value, default=str, ensure_ascii=False)
+    try:
+        if isinstance(value, list) and all(isinstance(b, dict) and "type" in b for b in value):
+            dumps(value)
+            return value
+        return json.dumps(value, default=str, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ToolError(f"the tool returned a value that cannot be serialised to JSON: {exc}") from None
+
+
+def _result_message(output: Any, call: Any, name: str | None, artifact: Any = None) -> ToolMessage:
+    """The tool message of a tool's output (an error message if the output cannot be serialised)."""
+    try:
+        return ToolMessage(_content(output), call["id"], name, artifact=artifact)
+    except ToolError as exc:
+        return _error_message(call, f"tool {name!r} failed: {exc}")
 
 
 def _tool_update(result: ToolMessage | ToolResult, call: Any,
@@ -612,7 +665,9 @@ def _tool_update(result: ToolMessage | ToolResult, call: Any,
         return {"messages": [result]}, direct, result
     if not isinstance(result, ToolResult):
         raise TypeError(f"wrap_tool_call must return a ToolMessage or ToolResult, got {type(result).__name__}")
-    message = ToolMessage(_content(result.content), call["id"], call.get("name"), artifact=result.artifact)
+    message = _result_message(result.content, call, call.get("name"), result.artifact)
+    if message.status == "error":
+        return {"messages": [message]}, False, message
     update: dict[str, Any] = dict(result.update or {})
     update["messages"] = [message, *messages_from_input(update.get("messages") or [])]
     direct = result.return_direct if result.return_direct is not None else bool(tool and tool.return_direct)
@@ -659,7 +714,7 @@ def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
         if tool.runtime_param is not None:
             runtime = ToolRuntime(ctx.thread_id, ctx.run_id, ctx.agent, call["id"], request.state,
                                   ctx.context, ctx.store, ctx.emit_custom, ctx)
-        caller = current_tool_call.set((ctx, call["id"]))
+        caller = current_tool_call.set(CallingTool(ctx, call["id"], asyncio.get_running_loop()))
         try:
             output = await tool.ainvoke(call["args"], runtime)
         except ToolArgumentsError as exc:
@@ -667,15 +722,15 @@ def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
                                         "Call the tool again with arguments that match its schema.")
         except ToolError as exc:
             return _error_message(call, str(exc))
-        except GraphInterrupt:
+        except (GraphInterrupt, asyncio.CancelledError):
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit from argparse, KeyboardInterrupt from a library: the tool failed
             return _error_message(call, f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}")
         finally:
             current_tool_call.reset(caller)
         if isinstance(output, (ToolMessage, ToolResult)):
             return output
-        return ToolMessage(_content(output), call["id"], tool.name)
+        return _result_message(output, call, tool.name)
 
     return invoke_tool
 

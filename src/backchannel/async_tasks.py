@@ -15,7 +15,9 @@ Statuses: pending, running, success, error, cancelled, timeout, waiting
 supervisor (:mod:`backchannel.notifier`): into its next model call while it
 runs, or by waking it with a new run. With ``completion="wait"`` the
 supervisor's run does not end while tasks are pending: it waits for the next
-notification and goes back to the model.
+notifications (those arriving within :data:`COALESCE_GAP` of each other, for at
+most :data:`COALESCE_MAX`, are taken together) and goes back to the model. Such
+wake-ups don't count towards the agent's ``max_iterations``.
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypedDict
 
-from backchannel.context import RunContext
+from backchannel.context import Inbox, RunContext, forward_events
 from backchannel.errors import BackchannelError, NotFoundError, RemoteError
-from backchannel.events import Event
 from backchannel.hitl import is_review_request
 from backchannel.messages import AIMessage, HumanMessage, text_of
 from backchannel.middleware import Middleware
@@ -44,6 +45,8 @@ TASK_STATUSES = ("pending", "running", "success", "error", "cancelled", "timeout
 _ACTIVE = frozenset({"pending", "running"})
 _TASKS = uuid.UUID("9a3c4f9e-52b1-4c8e-8f43-2d1f6a0b7c11")  # namespace of the task ids derived from tool calls
 _RECHECK_SECONDS = 1.0
+COALESCE_GAP = 0.01  # wait mode: results this close together go to the model in one call...
+COALESCE_MAX = 0.1  # ...holding the first for at most this long
 
 
 def merge_tasks(current: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
@@ -297,13 +300,14 @@ class AsyncSubAgentMiddleware(Middleware):
         return {"async_tasks": updates} if updates else None
 
     async def after_agent(self, state: Mapping[str, Any], ctx: RunContext) -> dict[str, Any] | None:
-        """In ``wait`` mode, don't end while tasks are pending: wait for the next result, then go on."""
+        """In ``wait`` mode, don't end while tasks are pending: wait for the next results, then go on."""
         if self.completion != "wait" or ctx.inbox is None or ctx.runtime is None:
             return None
         pending = [t for t in (state.get("async_tasks") or {}).values() if t.get("status") in _ACTIVE]
         while pending:
             try:
                 await asyncio.wait_for(ctx.inbox.wait(), _RECHECK_SECONDS)
+                await _coalesce(ctx.inbox)
                 return {"jump_to": "model"}
             except TimeoutError:
                 # A task may have ended without a notification (cancelled from elsewhere).
@@ -423,6 +427,20 @@ def _runtime_of(runtime: ToolRuntime) -> tuple[RunContext, Any]:
     return ctx, ctx.runtime
 
 
+async def _coalesce(inbox: Inbox) -> None:
+    """Let results that arrive close together gather, so the model takes them in one call: wait while
+    another arrives within :data:`COALESCE_GAP` seconds of the last, up to :data:`COALESCE_MAX` in all."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + COALESCE_MAX
+    waiting = len(inbox.drain())
+    while loop.time() < deadline:
+        await asyncio.sleep(COALESCE_GAP)
+        now = len(inbox.drain())
+        if now == waiting:
+            return
+        waiting = now
+
+
 def _tracked(runtime: ToolRuntime, task_id: str) -> dict[str, Any]:
     tasks = runtime.state.get("async_tasks") or {}
     if task_id not in tasks:
@@ -441,22 +459,3 @@ def _new_notifications(messages: Sequence[Any]) -> list[HumanMessage]:
             found.append(message)
     found.reverse()
     return found
-
-
-def forward_events(child_bus: Any, parent: RunContext, segment: str, tool_call_id: str) -> Callable[[], None]:
-    """Republish a task run's events in the supervisor's stream, under ``segment``, caused by the tool call."""
-    prefix = (*parent.namespace, segment)
-
-    def forward(event: Event) -> None:
-        data = event.data
-        if event.type == "lifecycle" and not event.namespace:
-            data = {**data, "cause": {"type": "toolCall", "tool_call_id": tool_call_id}}
-            if data["event"] in ("completed", "failed", "interrupted", "cancelled"):
-                unsubscribe()
-        bus = parent.bus
-        if bus is not None and bus.listeners:
-            bus.publish(Event(event.type, data, prefix + event.namespace, event.agent, event.thread_id,
-                              event.run_id))
-
-    unsubscribe = child_bus.subscribe(forward)
-    return unsubscribe

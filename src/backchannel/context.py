@@ -7,16 +7,17 @@ here (through :data:`current_tool_call`) and reports into the same stream.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from backchannel.events import Event, EventBus
 from backchannel.messages import AnyMessage
 from backchannel.tracing import RunSpan, Trace
 
-__all__ = ["Inbox", "RunContext", "StepRecorder", "current_tool_call"]
+__all__ = ["CallingTool", "Inbox", "RunContext", "StepRecorder", "current_tool_call", "forward_events"]
 
 
 class StepRecorder(Protocol):
@@ -76,8 +77,60 @@ class RunContext:
         self.emit("custom", data)
 
 
-# Set while a tool runs: the run that called it and the tool call id, so a
-# nested agent can report as that run's subagent.
-current_tool_call: ContextVar[tuple[RunContext, str] | None] = ContextVar(
-    "backchannel_current_tool_call", default=None
-)
+class CallingTool(NamedTuple):
+    """The tool call a nested agent runs inside: the calling run, the call id, and the run's event loop."""
+
+    run: RunContext
+    call_id: str
+    loop: asyncio.AbstractEventLoop
+
+
+# Set while a tool runs, so a nested agent can report as that run's subagent.
+current_tool_call: ContextVar[CallingTool | None] = ContextVar("backchannel_current_tool_call", default=None)
+
+_TERMINAL = frozenset({"completed", "failed", "interrupted", "cancelled"})
+
+
+def forward_events(child_bus: EventBus, parent: RunContext, segment: str, tool_call_id: str, *,
+                   lifecycle: bool = True, loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None]:
+    """Republish a nested run's events in ``parent``'s stream, under ``segment``, caused by the tool call.
+
+    The child's events are relative to it (its own lifecycle has no namespace).
+    ``lifecycle=False`` drops that lifecycle (an unnamed agent is no subagent).
+    Given the parent's ``loop``, events published from another thread are
+    handed to it rather than published there. Returns the unsubscribe function.
+    """
+    prefix = (*parent.namespace, segment)
+    cause = {"type": "toolCall", "tool_call_id": tool_call_id}
+    elsewhere = loop is not None and loop is not _running_loop()
+
+    def forward(event: Event) -> None:
+        data = event.data
+        if event.type == "lifecycle" and not event.namespace:
+            if data["event"] in _TERMINAL:
+                unsubscribe()
+            if not lifecycle:
+                return
+            data = {**data, "cause": cause}
+        bus = parent.bus
+        if bus is None or not bus.listeners:
+            return
+        copy = Event(event.type, data, prefix + event.namespace, event.agent, event.thread_id, event.run_id)
+        if not elsewhere:
+            bus.publish(copy)
+            return
+        assert loop is not None
+        try:
+            loop.call_soon_threadsafe(bus.publish, copy)
+        except RuntimeError:  # the parent's loop has closed: nobody is listening any more
+            unsubscribe()
+
+    unsubscribe = child_bus.subscribe(forward)
+    return unsubscribe
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

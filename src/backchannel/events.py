@@ -82,20 +82,21 @@ class EventBus:
         return q, self.subscribe(q.put_nowait)
 
 
-# Keys the framework adds to run metadata for its own bookkeeping; never forwarded on events.
-_INTERNAL_PREFIXES = ("langgraph_", "checkpoint_", "__", "lc_", "ls_")
-_INTERNAL_KEYS = frozenset({"thread_id", "run_id", "assistant_id", "graph_id", "checkpoint_id",
-                            "checkpoint_ns", "parent_thread_id_internal", "user_id_internal"})
+# What the framework adds to run metadata for its own bookkeeping, never forwarded on events (as
+# LangGraph drops its EXCLUDED_METADATA_KEYS and seq:step tags); lc_*/ls_* and user keys ride along.
+_FRAMEWORK_PREFIXES = ("langgraph_", "checkpoint_", "__")
+_FRAMEWORK_KEYS = frozenset({"thread_id", "run_id", "assistant_id", "graph_id", "checkpoint_id", "checkpoint_ns",
+                             "checkpoint_map", "parent_thread_id_internal", "user_id_internal"})
 
 
 def filter_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
-    """User metadata fit to forward on events: internal keys dropped, internal tags removed."""
+    """Metadata fit to forward on events: framework keys and the internal ``seq:step`` tags dropped."""
     if not metadata:
         return {}
     out = {k: v for k, v in metadata.items()
-           if k not in _INTERNAL_KEYS and not k.startswith(_INTERNAL_PREFIXES)}
+           if k not in _FRAMEWORK_KEYS and not k.startswith(_FRAMEWORK_PREFIXES)}
     if "tags" in out:
-        tags = [t for t in out["tags"] or () if not str(t).startswith(("seq:step", "langsmith:", "__"))]
+        tags = [t for t in out["tags"] or () if not str(t).startswith("seq:step")]
         if tags:
             out["tags"] = tags
         else:
