@@ -83,9 +83,11 @@ def _supervisor(request: ModelRequest) -> Any:
     if isinstance(last, HumanMessage) and "task_notification" in last.additional_kwargs:
         done = [t for t in tasks.values() if t.get("status") == "success"]
         if len(done) < len(tasks):
-            note = last.additional_kwargs["task_notification"]
-            summary = _shorten(last.text.split("Result: ", 1)[-1].removeprefix("Findings: "), 110)
-            return f"The {note['subagent']} is back: {summary} Still waiting on {len(tasks) - len(done)} more."
+            # One comment per result that came in since the last reply (results arriving together come at once).
+            comments = [f"The {m.additional_kwargs['task_notification']['subagent']} is back: "
+                        + _shorten(m.text.split("Result: ", 1)[-1].removeprefix("Findings: "), 110)
+                        for m in _new_results(messages)]
+            return " ".join(comments) + f" Still waiting on {len(tasks) - len(done)} more."
         return _verdict()
     if isinstance(last, ToolMessage):
         return ("I've put two researchers and an analyst to work in the background. While they dig, "
@@ -100,6 +102,16 @@ def _supervisor(request: ModelRequest) -> Any:
                                               "description": "Give the criteria for judging the greatest (GOAT) "
                                                              "basketball player and how to weigh them."}},
     ]}
+
+
+def _new_results(messages: Any) -> list[HumanMessage]:
+    """The task notifications since the supervisor's last reply, oldest first."""
+    found = []
+    for m in reversed(messages):
+        if not isinstance(m, HumanMessage) or "task_notification" not in m.additional_kwargs:
+            break
+        found.append(m)
+    return found[::-1]
 
 
 def _researcher(request: ModelRequest) -> Any:

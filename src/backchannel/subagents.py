@@ -14,7 +14,6 @@ own name, with the tool call as its cause.
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
