@@ -89,8 +89,11 @@ def test_long_results_are_cut_at_500_characters_with_a_check_hint():
 def test_notification_message_is_a_user_message_with_a_structured_marker_and_stable_id():
     message = notification_message("t-1", "researcher", "success", "42", "run-9")
     assert isinstance(message, HumanMessage)
-    assert message.additional_kwargs == {"task_notification": {"task_id": "t-1", "subagent": "researcher",
-                                                               "status": "success", "run_id": "run-9"}}
+    assert message.additional_kwargs == {
+        "task_notification": {"task_id": "t-1", "subagent": "researcher", "status": "success", "run_id": "run-9"},
+        # deepagents' marker too, so a deepagents supervisor takes it as one of its own
+        "deepagents_notification": {"task_id": "t-1", "agent_name": "researcher", "status": "success",
+                                    "run_id": "run-9"}}
     again = notification_message("t-1", "researcher", "success", "42", "run-9")
     assert again.id == message.id  # a redelivered copy replaces itself in the messages
     assert notification_message("t-1", "researcher", "success", "42", "run-10").id != message.id

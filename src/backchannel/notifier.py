@@ -16,10 +16,21 @@ Each task run notifies once: the message's idempotency key is
 A supervisor on another server (``parent_url``) gets the message over HTTP,
 through this runtime's outbox (:mod:`backchannel.runtime.outbox`). Without a
 parent context the notifier does nothing.
+
+The message also carries deepagents' marker
+(``additional_kwargs.deepagents_notification``), so a deepagents supervisor's
+middleware takes it as one of its own: it records the task's status and does
+not report it again when it checks its tasks. deepagents names the parent in
+the task thread's metadata (``parent_thread_id``, ``subagent_name``) rather
+than in the input, and, from another server, not where it is: give the
+notifier ``supervisor_url`` to reach such supervisors. They are woken as
+deepagents wakes them: only while idle, once, without retries (a busy or
+unreachable one reads the task's status itself the next time it runs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -28,8 +39,8 @@ from typing import Annotated, Any, TypedDict
 
 from backchannel.agent import RunResult
 from backchannel.context import RunContext
-from backchannel.errors import NotFoundError
-from backchannel.messages import AIMessage, HumanMessage
+from backchannel.errors import BackchannelError, NotFoundError
+from backchannel.messages import AIMessage, HumanMessage, message_to_dict
 from backchannel.middleware import Middleware
 from backchannel.tracing import trace_context
 
@@ -69,7 +80,7 @@ def format_notification(task_id: str, subagent: str, status: str, detail: str) -
 
 def notification_message(task_id: str, subagent: str, status: str, detail: str, run_id: str,
                          trace: Mapping[str, str] | None = None) -> HumanMessage:
-    """The user message that carries a notification, with a marker UIs can render specially.
+    """The user message that carries a notification, with markers UIs (ours, deepagents') render specially.
 
     Its id derives from the idempotency key, so a redelivered copy replaces itself. ``trace`` is
     the W3C trace context of the task's run, for the supervisor's trace to link to.
@@ -81,26 +92,50 @@ def notification_message(task_id: str, subagent: str, status: str, detail: str, 
     return HumanMessage(
         format_notification(task_id, subagent, status, detail),
         id=f"task-notification-{hashlib.sha1(key.encode()).hexdigest()[:24]}",
-        additional_kwargs={"task_notification": marker},
+        additional_kwargs={
+            "task_notification": marker,
+            "deepagents_notification": {"task_id": task_id, "agent_name": subagent, "status": status,
+                                        "run_id": run_id},
+        },
     )
 
 
 class CompletionNotifier(Middleware):
-    """Notify the supervisor's thread when this (background) subagent's run ends."""
+    """Notify the supervisor's thread when this (background) subagent's run ends.
+
+    ``supervisor_url`` is the server of supervisors that name their thread but
+    not their server (deepagents' async subagents on another server), reached
+    with ``supervisor_headers`` (e.g. ``{"x-api-key": ...}``); without it such a
+    supervisor is taken to be on this runtime.
+    """
 
     state_schema = ParentContext
 
+    def __init__(self, *, supervisor_url: str | None = None,
+                 supervisor_headers: Mapping[str, str] | None = None) -> None:
+        self.supervisor_url = supervisor_url
+        self.supervisor_headers = dict(supervisor_headers or {})
+
     async def on_end(self, state: Mapping[str, Any], ctx: RunContext, result: RunResult) -> None:
         """When the run ends with a result, an error or a question: deliver one notification."""
-        parent, task_id = state.get("parent_thread_id"), state.get("task_id")
-        if not parent or not task_id or ctx.runtime is None or ctx.parent is not None:
+        if ctx.runtime is None or ctx.parent is not None:
             return
         status, detail = _outcome(result)
         if status is None:
             return
-        message = notification_message(task_id, ctx.agent, status, detail, ctx.run_id, trace_context())
-        key, assistant_id = f"{task_id}:{ctx.run_id}", state.get("parent_assistant_id")
-        url = state.get("parent_url")
+        if state.get("task_id"):  # started by backchannel: the parent context is in the input
+            if state.get("parent_thread_id"):
+                await self._notify(state, ctx, notification_message(
+                    state["task_id"], ctx.agent, status, detail, ctx.run_id, trace_context()))
+        elif ctx.metadata.get("parent_thread_id") and ctx.thread_id is not None:  # started by deepagents
+            subagent = ctx.metadata.get("subagent_name") or ctx.agent
+            await self._wake_deepagents_parent(ctx, notification_message(
+                ctx.thread_id, subagent, status, detail, ctx.run_id, trace_context()))
+
+    async def _notify(self, state: Mapping[str, Any], ctx: RunContext, message: HumanMessage) -> None:
+        """Deliver once per task run: to this runtime, or through its outbox to the parent's server."""
+        parent, task_id = state["parent_thread_id"], state["task_id"]
+        key, assistant_id, url = f"{task_id}:{ctx.run_id}", state.get("parent_assistant_id"), state.get("parent_url")
         if url and url != getattr(ctx.runtime, "public_url", None):
             await ctx.runtime.outbox.put(key, url=url, thread_id=parent, assistant_id=assistant_id, message=message)
             return
@@ -108,6 +143,30 @@ class CompletionNotifier(Middleware):
             await ctx.runtime.deliver(parent, message, key=key, assistant_id=assistant_id)
         except NotFoundError:  # the supervisor's thread was deleted: nobody is left to tell
             logger.info("task %s ended after its supervisor's thread %s was deleted", task_id, parent)
+
+    async def _wake_deepagents_parent(self, ctx: RunContext, message: HumanMessage) -> None:
+        """Wake a deepagents supervisor as its own subagents do: with a run on its thread, only while the
+        thread is idle (a busy one checks its tasks itself), and never raising."""
+        parent, assistant_id = ctx.metadata["parent_thread_id"], ctx.metadata.get("parent_assistant_id")
+        if self.supervisor_url is None:
+            with contextlib.suppress(NotFoundError):  # a supervisor on this runtime, if there is one
+                await ctx.runtime.deliver(parent, message, key=f"{ctx.thread_id}:{ctx.run_id}",
+                                          assistant_id=assistant_id)
+            return
+        from backchannel.runtime.remote import RemoteRuntime
+
+        try:
+            async with RemoteRuntime(self.supervisor_url, api_key=None, headers=self.supervisor_headers,
+                                     timeout=10.0) as remote:
+                thread = await remote.threads.get(parent)
+                if thread.get("status") not in ("idle", "error"):
+                    return
+                metadata = thread.get("metadata") or {}
+                assistant_id = assistant_id or metadata.get("assistant_id") or metadata.get("graph_id") or "agent"
+                await remote.runs.create(parent, assistant_id, input={"messages": [message_to_dict(message)]},
+                                         multitask_strategy="reject")
+        except BackchannelError as exc:  # gone, busy after all, or unreachable: it finds out when it checks
+            logger.info("task %s could not wake its supervisor's thread %s: %s", ctx.thread_id, parent, exc)
 
 
 def _outcome(result: RunResult) -> tuple[str | None, str]:
