@@ -1,0 +1,204 @@
+// Every call of the official LangGraph JavaScript SDK against a server: `node sdk_calls.mjs <url>`.
+// Prints one JSON line per call ({"call", "ok", "error"}) and exits with the number of calls that failed.
+// The agents are tests/server/server_agents.py's: echo, calc, mailer (asks before sending), slow, glacial,
+// delegator (a sync subagent), looper (never finishes).
+import assert from "node:assert/strict";
+import { Client } from "@langchain/langgraph-sdk";
+
+const url = process.argv[2];
+const client = new Client({ apiUrl: url, apiKey: null });
+const user = (text) => ({ messages: [{ role: "user", content: text }] });
+const last = (values) => values.messages[values.messages.length - 1].content;
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+let failures = 0;
+
+async function check(call, fn) {
+  try {
+    await fn();
+    console.log(JSON.stringify({ call, ok: true }));
+  } catch (error) {
+    failures += 1;
+    console.log(JSON.stringify({ call, ok: false, error: String(error?.stack ?? error) }));
+  }
+}
+
+async function collect(stream) {
+  const parts = [];
+  for await (const part of stream) parts.push(part);
+  return parts;
+}
+
+async function untilStatus(threadId, runId, status) {
+  for (let i = 0; i < 200; i += 1) {
+    if ((await client.runs.get(threadId, runId)).status === status) return;
+    await sleep(25);
+  }
+  throw new Error(`run ${runId} never became ${status}`);
+}
+
+// -- assistants -------------------------------------------------------------------------------------
+await check("assistants.search", async () => {
+  const found = await client.assistants.search({ limit: 100 });
+  assert.ok(found.some((a) => a.graph_id === "echo"));
+  const sorted = await client.assistants.search({ limit: 100, sortBy: "graph_id", sortOrder: "asc" });
+  assert.deepEqual(sorted.map((a) => a.graph_id), [...sorted.map((a) => a.graph_id)].sort());
+});
+await check("assistants.count", async () => assert.ok((await client.assistants.count({ graphId: "echo" })) >= 1));
+await check("assistants.get", async () => assert.equal((await client.assistants.get("echo")).graph_id, "echo"));
+await check("assistants.getGraph", async () => {
+  const graph = await client.assistants.getGraph("calc");
+  assert.ok(graph.nodes.some((n) => n.id === "tools"));
+});
+await check("assistants.getSchemas", async () => {
+  assert.ok("messages" in (await client.assistants.getSchemas("calc")).state_schema.properties);
+});
+await check("assistants.getSubgraphs", async () => assert.deepEqual(await client.assistants.getSubgraphs("calc"), {}));
+
+// -- threads ----------------------------------------------------------------------------------------
+const thread = await client.threads.create({ metadata: { js: "yes" } });
+const tid = thread.thread_id;
+await check("threads.create", async () => {
+  assert.equal(thread.status, "idle");
+  const again = await client.threads.create({ threadId: tid, ifExists: "do_nothing" });
+  assert.equal(again.thread_id, tid);
+});
+await check("threads.get", async () => assert.equal((await client.threads.get(tid)).metadata.js, "yes"));
+await check("threads.update", async () => {
+  assert.equal((await client.threads.update(tid, { metadata: { more: 1 } })).metadata.more, 1);
+});
+await check("threads.search", async () => {
+  const found = await client.threads.search({ metadata: { js: "yes" }, select: ["thread_id", "status"] });
+  assert.deepEqual(found, [{ thread_id: tid, status: "idle" }]);
+  await client.threads.search({ sortBy: "state_updated_at", sortOrder: "desc" });
+});
+await check("threads.count", async () => assert.equal(await client.threads.count({ metadata: { js: "yes" } }), 1));
+
+// -- runs -------------------------------------------------------------------------------------------
+await check("runs.wait", async () => {
+  assert.equal(last(await client.runs.wait(tid, "calc", { input: user("2+3?") })), "the answer is 5");
+});
+await check("runs.wait (stateless)", async () => {
+  assert.equal(last(await client.runs.wait(null, "echo", { input: user("hi") })), "echo: hi");
+});
+await check("runs.wait (recursion_limit)", async () => {
+  await assert.rejects(client.runs.wait(null, "looper", { input: user("go"), config: { recursion_limit: 3 } }),
+    /GraphRecursionError/);
+});
+await check("runs.stream", async () => {
+  const parts = await collect(client.runs.stream(tid, "calc", {
+    input: user("again"), streamMode: ["values", "updates", "messages-tuple"] }));
+  assert.equal(parts[0].event, "metadata");
+  const events = new Set(parts.map((p) => p.event));
+  for (const mode of ["values", "updates", "messages"]) assert.ok(events.has(mode), mode);
+});
+await check("runs.stream (stateless, subgraphs)", async () => {
+  const parts = await collect(client.runs.stream(null, "delegator", {
+    input: user("look"), streamMode: ["updates"], streamSubgraphs: true }));
+  assert.ok(parts.some((p) => p.event.startsWith("updates|tools:")), parts.map((p) => p.event).join());
+});
+await check("runs.stream (onRunCreated)", async () => {
+  let created;
+  await collect(client.runs.stream(tid, "echo", { input: user("x"), onRunCreated: (meta) => { created = meta; } }));
+  assert.equal(created.thread_id, tid);
+  assert.ok(created.run_id);
+});
+await check("runs.create + join", async () => {
+  const run = await client.runs.create(tid, "echo", { input: user("joined") });
+  assert.equal(last(await client.runs.join(tid, run.run_id)), "echo: joined");
+});
+await check("runs.joinStream", async () => {
+  const run = await client.runs.create(tid, "slow", { input: user("follow"), streamResumable: true });
+  const parts = await collect(client.runs.joinStream(tid, run.run_id, { streamMode: ["values", "updates"] }));
+  const events = new Set(parts.map((p) => p.event));
+  assert.ok(events.has("values") && events.has("updates"), [...events].join());
+});
+await check("runs.list", async () => {
+  const runs = await client.runs.list(tid, { limit: 3, select: ["run_id", "status"] });
+  assert.equal(runs.length, 3);
+  assert.deepEqual(Object.keys(runs[0]).sort(), ["run_id", "status"]);
+});
+await check("runs.get", async () => {
+  const [run] = await client.runs.list(tid, { limit: 1 });
+  assert.equal((await client.runs.get(tid, run.run_id)).run_id, run.run_id);
+});
+await check("runs.cancel", async () => {
+  const run = await client.runs.create(tid, "glacial", { input: user("slowly") });
+  await untilStatus(tid, run.run_id, "running");
+  await client.runs.cancel(tid, run.run_id, true);
+  assert.equal((await client.runs.get(tid, run.run_id)).status, "interrupted");
+  assert.equal((await client.threads.get(tid)).status, "idle");
+});
+await check("runs.delete", async () => {
+  const run = await client.runs.create(tid, "echo", { input: user("doomed") });
+  await client.runs.join(tid, run.run_id);
+  await client.runs.delete(tid, run.run_id);
+  await assert.rejects(client.runs.get(tid, run.run_id), /404|not found/i);
+});
+
+// -- interrupts, commands and state ---------------------------------------------------------------
+const mail = (await client.threads.create()).thread_id;
+await check("runs.wait (interrupt, then resume beside an empty input)", async () => {
+  const paused = await client.runs.wait(mail, "mailer", { input: user("hello Ada") });
+  assert.equal(paused.__interrupt__[0].value.action_requests[0].name, "send_email");
+  assert.equal((await client.threads.get(mail)).status, "interrupted");
+  const done = await client.runs.wait(mail, "mailer", {
+    input: {}, command: { resume: { decisions: [{ type: "approve" }] }, goto: [] } });
+  assert.equal(last(done), "done: sent to ada@example.com: hello Ada");
+});
+await check("threads.getState", async () => {
+  const state = await client.threads.getState(mail);
+  assert.equal(last(state.values), "done: sent to ada@example.com: hello Ada");
+  const picked = await client.threads.getState(mail, undefined, { select: ["values.messages"] });
+  assert.deepEqual(Object.keys(picked), ["values"]);
+});
+await check("threads.getHistory", async () => {
+  const history = await client.threads.getHistory(mail, { limit: 3 });
+  assert.equal(history.length, 3);
+  const older = await client.threads.getHistory(mail, { limit: 2, before: history[0].checkpoint });
+  assert.equal(older[0].checkpoint.checkpoint_id, history[1].checkpoint.checkpoint_id);
+  const byConfig = await client.threads.getHistory(mail, {
+    limit: 1, before: { configurable: { checkpoint_id: history[0].checkpoint.checkpoint_id } } });
+  assert.equal(byConfig[0].checkpoint.checkpoint_id, history[1].checkpoint.checkpoint_id);
+});
+await check("threads.getState (at a checkpoint)", async () => {
+  const [, second] = await client.threads.getHistory(mail, { limit: 2 });
+  const byId = await client.threads.getState(mail, second.checkpoint.checkpoint_id);
+  const byConfig = await client.threads.getState(mail, second.checkpoint);
+  assert.equal(byId.checkpoint.checkpoint_id, second.checkpoint.checkpoint_id);
+  assert.equal(byConfig.checkpoint.checkpoint_id, second.checkpoint.checkpoint_id);
+});
+await check("threads.updateState", async () => {
+  const written = await client.threads.updateState(mail, { values: { messages: [{ role: "user", content: "noted" }] } });
+  assert.ok(written.checkpoint.checkpoint_id);
+  assert.equal(last((await client.threads.getState(mail)).values), "noted");
+});
+await check("threads.copy", async () => {
+  const copy = await client.threads.copy(mail);
+  assert.notEqual(copy.thread_id, mail);
+  assert.equal(last((await client.threads.getState(copy.thread_id)).values), "noted");
+});
+await check("threads.delete", async () => {
+  const doomed = await client.threads.create();
+  await client.threads.delete(doomed.thread_id);
+  await assert.rejects(client.threads.get(doomed.thread_id), /404|not found/i);
+});
+
+// -- store ------------------------------------------------------------------------------------------
+await check("store.putItem + getItem", async () => {
+  await client.store.putItem(["js", "prefs"], "theme", { color: "dark" });
+  assert.deepEqual((await client.store.getItem(["js", "prefs"], "theme")).value, { color: "dark" });
+});
+await check("store.searchItems", async () => {
+  const { items } = await client.store.searchItems(["js"], { filter: { color: "dark" } });
+  assert.deepEqual(items.map((i) => i.key), ["theme"]);
+});
+await check("store.listNamespaces", async () => {
+  const { namespaces } = await client.store.listNamespaces({ prefix: ["js"] });
+  assert.deepEqual(namespaces, [["js", "prefs"]]);
+});
+await check("store.deleteItem", async () => {
+  await client.store.deleteItem(["js", "prefs"], "theme");
+  assert.equal(await client.store.getItem(["js", "prefs"], "theme"), null);
+});
+
+process.exit(failures);
