@@ -382,6 +382,20 @@ async def test_wait_mode_survives_results_that_trickle_in(k, spacing):
     assert state["messages"][-1].text == f"heard {k}"
 
 
+@pytest.mark.skipif(os.environ.get("CI", "").lower() not in ("true", "1"), reason="slow (about 30 s): CI only")
+@pytest.mark.parametrize("completion", ["wait", "notify"])
+async def test_the_bench_fan_out_of_1000_tasks_succeeds_20_times_in_a_row(completion):
+    """bench/fanout.py's K=1,000 fan-out (5 model calls of 50 ms per task), on a fresh runtime each time:
+    every task succeeds and the supervisor's model hears each notification, once (the bench checks both)."""
+    sys.path.insert(0, str(TESTS_DIR.parent / "bench"))
+    try:
+        from fanout import fan_out_once
+    finally:
+        sys.path.pop(0)
+    for _ in range(20):
+        await fan_out_once("memory", 1_000, completion)  # raises unless every task succeeded and was heard once
+
+
 async def test_the_iteration_limit_still_stops_a_supervisor_that_loops_on_its_own_while_waiting():
     from backchannel import MaxIterationsError
 
