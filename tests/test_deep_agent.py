@@ -10,6 +10,7 @@ from backchannel import HumanMessage, Middleware, ScriptedModel, ToolMessage, cr
 from backchannel.deep_agent import create_deep_agent
 from backchannel.runtime import LocalRuntime
 from backchannel.subagents import GENERAL_PURPOSE, SubAgent, as_subagent
+from backchannel.workspace import FILE_TOOLS
 
 
 @tool
@@ -19,7 +20,8 @@ def lookup(key: str) -> str:
 
 
 def tool_names(request):
-    return sorted(t.name for t in request.tools)
+    """The tools a model call offered, besides the workspace's file tools every deep agent has."""
+    return sorted(t.name for t in request.tools if t.name not in FILE_TOOLS)
 
 
 def task_tool(agent):

@@ -379,7 +379,10 @@ class Agent:
                 if key == "messages":
                     merged.setdefault("messages", []).extend(value)
                 elif key in merged and key in plan.reducers:
-                    merged[key] = plan.reducers[key](merged[key], value)
+                    # Two updates of one step: combined by the reducer's ``merge`` if it has one (a
+                    # reducer whose updates differ from its values, as ``files``' edits do), else by it.
+                    reducer = plan.reducers[key]
+                    merged[key] = getattr(reducer, "merge", reducer)(merged[key], value)
                 else:
                     merged[key] = value
         ctx.pending_tools = {}

@@ -38,6 +38,7 @@ from backchannel.notifier import CompletionNotifier, describe_question, notifica
 from backchannel.runtime.storage import now_iso
 from backchannel.subagents import Delegates, SubAgent
 from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime
+from backchannel.workspace.state import FILES_KEY, files_written_since
 
 __all__ = ["AsyncSubAgentMiddleware", "AsyncTaskState", "TASK_STATUSES", "task_status"]
 
@@ -186,7 +187,8 @@ class AsyncSubAgentMiddleware(Middleware):
                                         metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
                                                   "tool_call_id": runtime.tool_call_id},
                                         input={"messages": [HumanMessage(description)],
-                                               **self._parent_context(rt, ctx, spec, task_id)})
+                                               **self._parent_context(rt, ctx, spec, task_id),
+                                               **self._shared_files(runtime, spec)})
         now = now_iso()
         task = {"task_id": task_id, "subagent": spec.name, "description": description, "status": "pending",
                 "run_id": run["run_id"], "tool_call_id": runtime.tool_call_id, "created_at": now, "updated_at": now}
@@ -287,9 +289,11 @@ class AsyncSubAgentMiddleware(Middleware):
         return None
 
     async def before_model(self, state: Mapping[str, Any], ctx: RunContext) -> dict[str, Any] | None:
-        """Record the status carried by notifications that just arrived."""
+        """Record the status carried by notifications that just arrived, and take back the files
+        that finished tasks sharing the workspace wrote."""
         tasks = state.get("async_tasks") or {}
         updates: dict[str, Any] = {}
+        files: dict[str, Any] = {}
         for message in _new_notifications(state["messages"]):
             note = message.additional_kwargs["task_notification"]
             task = tasks.get(note["task_id"])
@@ -297,7 +301,11 @@ class AsyncSubAgentMiddleware(Middleware):
                 continue
             updates[note["task_id"]] = {"status": note["status"], "updated_at": now_iso()}
             ctx.emit("task", {**task, **updates[note["task_id"]]})
-        return {"async_tasks": updates} if updates else None
+            if note["status"] == "success":
+                files.update(await self._files_of(ctx, task, {**(state.get(FILES_KEY) or {}), **files}))
+        if not updates:
+            return None
+        return {"async_tasks": updates, **({FILES_KEY: files} if files else {})}
 
     async def after_agent(self, state: Mapping[str, Any], ctx: RunContext) -> dict[str, Any] | None:
         """In ``wait`` mode, don't end while tasks are pending: wait for the next results, then go on."""
@@ -361,6 +369,22 @@ class AsyncSubAgentMiddleware(Middleware):
         if spec.url is not None:
             context["parent_url"] = rt.public_url
         return context
+
+    def _shared_files(self, runtime: ToolRuntime, spec: SubAgent) -> dict[str, Any]:
+        """The supervisor's files for a task that shares its workspace (on this runtime)."""
+        files = runtime.state.get(FILES_KEY)
+        return {FILES_KEY: files} if files and spec.workspace == "shared" and spec.url is None else {}
+
+    async def _files_of(self, ctx: RunContext, task: Mapping[str, Any], ours: Mapping[str, Any]) -> dict[str, Any]:
+        """The files a finished task sharing the workspace wrote, newer than the supervisor's copies."""
+        spec = self.delegates.specs.get(task["subagent"])
+        if spec is None or spec.workspace != "shared" or spec.url is not None or ctx.runtime is None:
+            return {}
+        try:
+            thread = await ctx.runtime.threads.get_state(task["task_id"])
+        except NotFoundError:
+            return {}
+        return files_written_since((thread.get("values") or {}).get(FILES_KEY), ours, task["created_at"])
 
     def _watch(self, rt: Any, home: Any, spec: SubAgent, task_id: str, run_id: str, ctx: RunContext) -> None:
         """Notify the supervisor when a remote run ends (for a runtime that other servers cannot call)."""

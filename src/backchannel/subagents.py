@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from backchannel.agent import Agent, create_agent
 from backchannel.messages import AnyMessage, HumanMessage, pending_tool_calls
 from backchannel.middleware import Middleware
 from backchannel.notifier import final_answer
-from backchannel.tools import Tool, ToolError, ToolRuntime
+from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime
+from backchannel.workspace.state import FILES_KEY, changed_files
 
 __all__ = ["GENERAL_PURPOSE", "Delegates", "SubAgent", "SubAgentMiddleware", "as_subagent", "build_subagent"]
 
@@ -36,6 +37,10 @@ class SubAgent:
     than a fresh one. ``timeout`` (seconds) bounds each of its tasks, in the background or with ``task``.
     ``url`` and ``graph_id`` declare a subagent served by another server (a
     background task there, reached with ``headers``, e.g. ``{"x-api-key": ...}``).
+    ``workspace="shared"`` (the default) starts the subagent with the
+    supervisor's files in the state and brings back the files it writes;
+    ``"isolated"`` gives it an empty workspace of its own. (Files on disk or
+    in the store are where they are, for both.)
     """
 
     name: str
@@ -52,6 +57,7 @@ class SubAgent:
     graph_id: str | None = None
     headers: Mapping[str, str] | None = None
     max_iterations: int = 50
+    workspace: Literal["shared", "isolated"] = "shared"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -134,7 +140,7 @@ class SubAgentMiddleware(Middleware):
             "You can delegate self-contained tasks with the `task` tool; independent tasks can run in "
             "parallel. The subagent only sees your description, and only its final answer comes back.")
 
-    async def task(self, description: str, subagent_type: str, runtime: ToolRuntime) -> str:
+    async def task(self, description: str, subagent_type: str, runtime: ToolRuntime) -> ToolResult | str:
         """Run a subagent on a task and return its answer.
 
         Args:
@@ -144,10 +150,14 @@ class SubAgentMiddleware(Middleware):
         spec = self.delegates.spec(subagent_type)
         agent = self.delegates.agent(spec)
         history = forked_history(runtime.state.get("messages") or []) if spec.fork else []
+        given: dict[str, Any] = {"messages": [*history, HumanMessage(description)]}
+        files = runtime.state.get(FILES_KEY) if spec.workspace == "shared" else None
+        if files:
+            given[FILES_KEY] = files
         limit = asyncio.timeout(spec.timeout)
         try:
             async with limit:
-                result = await agent.ainvoke({"messages": [*history, HumanMessage(description)]})
+                result = await agent.ainvoke(given)
         except Exception as exc:
             if isinstance(exc, TimeoutError) and limit.expired():
                 raise ToolError(f"subagent {spec.name!r} timed out after {spec.timeout:g} s and was stopped") from None
@@ -155,7 +165,9 @@ class SubAgentMiddleware(Middleware):
         if result.get("__interrupt__"):
             raise ToolError(f"subagent {spec.name!r} stopped to ask for human input, which a task run with "
                             "`task` cannot get; declare it as a background subagent instead.")
-        return final_answer(result) or "(the subagent finished without an answer)"
+        answer = final_answer(result) or "(the subagent finished without an answer)"
+        written = changed_files(files, result.get(FILES_KEY)) if spec.workspace == "shared" else {}
+        return ToolResult(answer, update={FILES_KEY: written}) if written else answer
 
 
 def forked_history(messages: Sequence[AnyMessage]) -> list[AnyMessage]:

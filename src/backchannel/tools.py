@@ -197,7 +197,7 @@ class Tool:
             missing = [k for k in self.parameters.get("required", []) if k not in args]
             if missing:
                 raise ToolArgumentsError("missing required argument(s): " + ", ".join(missing))
-            return args
+            return dict(args)  # a copy: the caller adds the runtime to it, and these are the model's args
         try:
             validated = model.model_validate(args)
         except _ValidationError as exc:
