@@ -28,15 +28,16 @@ async def run_calls(backend, *calls):
 
 async def test_files_are_read_written_edited_listed_and_searched_inside_the_root(root):
     backend = FilesystemBackend(root_dir=root)
-    written, edited, listed, read, found, globbed, deleted = await run_calls(
+    written, edited = await run_calls(
         backend,
         call("write_file", {"file_path": "/notes/plan.md", "content": "step one\nstep two\n"}, "w"),
-        call("edit_file", {"file_path": "/src/app.py", "old_string": "'hi'", "new_string": "'hello'"}, "e"),
+        call("edit_file", {"file_path": "/src/app.py", "old_string": "'hi'", "new_string": "'hello'"}, "e"))
+    listed, read, found, globbed = await run_calls(  # calls of one reply run at once: reads after writes
+        backend,
         call("ls", {"path": "/"}, "l"),
         call("read_file", {"file_path": "/src/app.py", "offset": 1, "limit": 1}, "r"),
         call("grep", {"pattern": "step", "output_mode": "count"}, "g"),
-        call("glob", {"pattern": "**/*.py"}, "gl"),
-        call("delete", {"file_path": "/notes"}, "d"))
+        call("glob", {"pattern": "**/*.py"}, "gl"))
     assert written.text == "Updated file /notes/plan.md"
     assert edited.text == "Successfully replaced 1 instance(s) of the string in '/src/app.py'"
     assert (root / "src" / "app.py").read_text() == "import os\nprint('hello')\n"
@@ -44,6 +45,7 @@ async def test_files_are_read_written_edited_listed_and_searched_inside_the_root
     assert read.text == "@@ lines 2-2 of 2 @@\n2  print('hello')"
     assert found.text == "/notes/plan.md: 2"
     assert globbed.text == "['/src/app.py']"
+    [deleted] = await run_calls(backend, call("delete", {"file_path": "/notes"}, "d"))
     assert deleted.text == "Deleted /notes" and not (root / "notes").exists()
 
 

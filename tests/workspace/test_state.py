@@ -102,7 +102,7 @@ async def test_a_large_file_edited_many_times_grows_the_database_by_its_edits_no
     path = tmp_path / "state.db"
     async with LocalRuntime(f"sqlite:///{path}", agents={"agent": agent}) as rt:
         thread = await rt.threads.create()
-        await rt.threads.update_state(thread["thread_id"], {"files": {"/big.txt": big}})
+        await rt.threads.update_state(thread["thread_id"], {"files": {"/big.txt": file(big)}})
         await rt.storage.close()
         await rt.storage.open()
         before = _size(path)

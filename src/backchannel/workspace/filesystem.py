@@ -22,7 +22,7 @@ from backchannel.messages import AIMessage, ToolMessage
 from backchannel.middleware import Middleware, ToolCallRequest, ToolHandler
 from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime
 from backchannel.workspace._runs import hook_runtime
-from backchannel.workspace._text import validate_path
+from backchannel.workspace._text import create_file_data, validate_path
 from backchannel.workspace.protocol import BackendProtocol, GrepMatch, ReadResult, supports_execution
 from backchannel.workspace.state import FILES_KEY, FilesState, StateBackend
 
@@ -246,6 +246,16 @@ class FilesystemMiddleware(Middleware):
             parts.append("\n[Output was truncated due to size limits]")
         return "".join(parts)
 
+    # -- hooks -------------------------------------------------------------------
+
+    async def before_agent(self, state: Mapping[str, Any], ctx: Any) -> dict[str, Any] | None:
+        """Files given as bare text in the input become file data (content, encoding, timestamps)."""
+        files = state.get(FILES_KEY)
+        if not files:
+            return None
+        given = {path: create_file_data(value) for path, value in files.items() if isinstance(value, str)}
+        return {FILES_KEY: given} if given else None
+
     # -- large results -------------------------------------------------------------
 
     async def wrap_tool_call(self, request: ToolCallRequest, handler: ToolHandler) -> ToolMessage | ToolResult:
@@ -276,7 +286,8 @@ class FilesystemMiddleware(Middleware):
     # -- helpers -------------------------------------------------------------------
 
     def _mutable(self, file_path: str, runtime: ToolRuntime) -> str:
-        """The path to change, unless another call of the same reply changes it too (they would race)."""
+        """The path to change, unless an earlier call of the same reply changes it, or a directory
+        holding it or a file in it: they would run at the same time and race."""
         path = _checked(file_path)
         messages = runtime.state.get("messages") or ()
         reply = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
@@ -284,7 +295,7 @@ class FilesystemMiddleware(Middleware):
             if call["id"] == runtime.tool_call_id:
                 break
             other = call["args"].get("file_path") if isinstance(call.get("args"), dict) else None
-            if call["name"] in _MUTATING and isinstance(other, str) and _same_path(other, path):
+            if call["name"] in _MUTATING and isinstance(other, str) and _overlapping(other, path):
                 raise ToolError("parallel file mutations to the same path are not allowed.")
         return path
 
@@ -366,11 +377,13 @@ def _checked(path: str) -> str:
         raise ToolError(str(exc)) from None
 
 
-def _same_path(a: str, b: str) -> bool:
+def _overlapping(a: str, b: str) -> bool:
+    """Whether path ``a`` is ``b``, or one holds the other (a directory and a file in it)."""
     try:
-        return validate_path(a) == b
+        a = validate_path(a)
     except ValueError:
         return False
+    return a == b or b.startswith(a.rstrip("/") + "/") or a.startswith(b.rstrip("/") + "/")
 
 
 def _bare(error: str) -> str:
