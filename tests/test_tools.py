@@ -604,3 +604,17 @@ async def test_tool_runtime_sees_the_thread_id_of_the_run():
     result = await agent.run(initial_state("go"), ctx)
     assert result.status == "success"
     assert seen == {"thread_id": "thread-1", "run_id": "run-1"}
+
+
+async def test_a_json_schema_tool_with_a_runtime_leaves_the_models_arguments_as_they_were():
+    seen = {}
+
+    def lookup(runtime: ToolRuntime, **arguments):
+        seen.update(arguments)
+        return "found"
+
+    given = {"key": "k"}
+    schema_tool = Tool(lookup, name="lookup", args_schema={"type": "object", "properties": {"key": {"type": "string"}},
+                                                           "required": ["key"]})
+    assert await schema_tool.ainvoke(given, ToolRuntime(None, None, "a", "c", {})) == "found"
+    assert given == {"key": "k"} and seen == {"key": "k"}  # the runtime went to the function, not into the args

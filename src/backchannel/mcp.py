@@ -79,6 +79,14 @@ class MCPClient:
             tools.extend(self._tools[name])
         return tools
 
+    def listed_tool(self, name: str) -> Tool | None:
+        """The tool called ``name`` among those listed so far (``None`` if there is none)."""
+        for tools in self._tools.values():
+            for tool in tools:
+                if tool.name == name:
+                    return tool
+        return None
+
     async def call_tool(self, server_name: str, tool_name: str, arguments: Mapping[str, Any],
                         runtime: Any = None) -> Any:
         """Call one tool; an error result or a failing server raises :class:`~backchannel.tools.ToolError`."""
@@ -216,19 +224,25 @@ class MCPMiddleware(Middleware):
     model call) rather than failing the run.
     """
 
-    def __init__(self, client: MCPClient) -> None:
+    def __init__(self, client: MCPClient, *, retry_after: float = 30.0) -> None:
         self.client = client
+        self.retry_after = retry_after
+        self._down_until: dict[str, float] = {}  # servers that failed, and when to try them again
 
     def __repr__(self) -> str:
         return f"MCPMiddleware({self.client!r})"
 
     async def _tools(self, runtime: Any) -> dict[str, Tool]:
         tools: dict[str, Tool] = {}
+        now = asyncio.get_running_loop().time()
         for name in self.client.connections:
+            if self._down_until.get(name, 0.0) > now:
+                continue
             try:
                 listed = await self.client.get_tools(server_name=name, runtime=runtime)
             except ToolError as exc:
-                logger.warning("leaving out the tools of MCP server %r: %s", name, exc)
+                logger.warning("leaving out the tools of MCP server %r for %s s: %s", name, self.retry_after, exc)
+                self._down_until[name] = now + self.retry_after
                 continue
             tools.update((t.name, t) for t in listed)
         return tools
@@ -242,13 +256,8 @@ class MCPMiddleware(Middleware):
 
     async def wrap_tool_call(self, request: ToolCallRequest, handler: ToolHandler) -> ToolMessage | ToolResult:
         """A call of a server's tool goes to the server."""
-        if request.tool is None:
-            tools = self.client._tools
-            for listed in tools.values():
-                found = next((t for t in listed if t.name == request.call["name"]), None)
-                if found is not None:
-                    return await handler(request.override(tool=found))
-        return await handler(request)
+        found = self.client.listed_tool(request.call["name"]) if request.tool is None else None
+        return await handler(request.override(tool=found) if found is not None else request)
 
 
 @contextlib.asynccontextmanager

@@ -56,7 +56,8 @@ def search(query: str) -> str:
 
 @pytest.fixture
 async def model(server: FakeServer) -> AsyncIterator[AnthropicModel]:
-    model = AnthropicModel(CLAUDE, base_url=server.url, api_key="test-key", max_retries=0)
+    # Without prompt caching, so the tests of the translation see it alone (the caching test turns it on).
+    model = AnthropicModel(CLAUDE, base_url=server.url, api_key="test-key", max_retries=0, prompt_caching=False)
     yield model
     await model.client.close()
 
@@ -410,3 +411,27 @@ def test_missing_sdk_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch)
 async def _replay(deltas: list[Any]) -> AsyncIterator[Any]:
     for delta in deltas:
         yield delta
+
+
+async def test_prompt_caching_marks_the_tools_the_system_prompt_and_the_conversation(server: FakeServer) -> None:
+    model = AnthropicModel(CLAUDE, base_url=server.url, api_key="k", max_retries=0)  # caching is the default
+    ephemeral = {"type": "ephemeral"}
+    server.reply(anthropic_message(text_block("ok")), anthropic_message(text_block("ok")))
+    history = [HumanMessage("first"), AIMessage("", tool_calls=[tool_call("add", {"a": 1, "b": 2}, "toolu_1")]),
+               ToolMessage("3", tool_call_id="toolu_1")]
+    await model.generate(make_request(model, *history, tools=[add, search], system_prompt="Be brief."))
+    body = server.last_body
+    assert body["tools"][0] == {"name": "add", "description": "Add two integers.", "input_schema": add.parameters}
+    assert body["tools"][-1]["cache_control"] == ephemeral
+    assert body["system"] == [{"type": "text", "text": "Be brief.", "cache_control": ephemeral}]
+    assert body["messages"][-1] == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3", "cache_control": ephemeral}]}
+    assert "cache_control" not in body["messages"][0]["content"][0]  # one breakpoint, at the end
+    # The next step sends the same prefix: only the breakpoint at the end of the conversation moved.
+    await model.generate(make_request(model, *history, AIMessage("done"), HumanMessage("next"),
+                                      tools=[add, search], system_prompt="Be brief."))
+    second = server.last_body
+    assert second["messages"][2]["content"] == [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"}]
+    assert second["messages"][-1]["content"] == [{"type": "text", "text": "next", "cache_control": ephemeral}]
+    assert second["tools"] == body["tools"] and second["system"] == body["system"]
+    await model.client.close()

@@ -5,6 +5,11 @@ System prompts become the ``system`` parameter, tool results travel as
 rest of backchannel uses (``tool_choice="required"``, ``stop``,
 ``parallel_tool_calls``) are translated. Settings the SDK does not name are
 sent in ``extra_body``.
+
+Prompt caching is on by default: the tools, the system prompt and the
+conversation so far carry ``cache_control`` breakpoints, so each step of an
+agent reads the prefix the previous step wrote instead of paying for it again
+(``prompt_caching=False`` turns that off).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ _TOOL_CHOICE_BY_NAME = {
     "any": {"type": "any"},
     "required": {"type": "any"},
 }
+_EPHEMERAL = {"type": "ephemeral"}
 
 
 class AnthropicModel(ChatModel):
@@ -78,10 +84,12 @@ class AnthropicModel(ChatModel):
         temperature: float | None = None,
         timeout: float | None = None,
         max_retries: int = 2,
+        prompt_caching: bool = True,
         **extra: Any,
     ) -> None:
         self.model = model
         self.name = model
+        self.prompt_caching = prompt_caching
         client_params = frozenset(inspect.signature(AsyncAnthropic).parameters)
         client_options = {k: v for k, v in extra.items() if k in client_params}
         defaults = {
@@ -129,6 +137,8 @@ class AnthropicModel(ChatModel):
             arguments["system"] = system
         if request.tools:
             arguments["tools"] = [_anthropic_tool(t) for t in request.tools]
+        if self.prompt_caching:
+            _mark_cache_breakpoints(arguments)
         known = {k: v for k, v in settings.items() if k in _CREATE_PARAMS}
         unknown = {k: v for k, v in settings.items() if k not in _CREATE_PARAMS}
         if unknown:
@@ -165,6 +175,24 @@ def _tool_choice(choice: str | bool | dict[str, Any] | None) -> dict[str, Any] |
     if choice is True:
         return {"type": "any"}
     return _TOOL_CHOICE_BY_NAME.get(choice, {"type": "tool", "name": choice})
+
+
+def _mark_cache_breakpoints(arguments: dict[str, Any]) -> None:
+    """``cache_control`` at the end of the tools, of the system prompt and of the conversation.
+
+    The API caches the prompt up to each breakpoint, in that order; the conversation only grows,
+    so the next call finds this one's prefix cached. Three of the four breakpoints allowed.
+    """
+    tools = arguments.get("tools")
+    if tools:
+        tools[-1] = {**tools[-1], "cache_control": _EPHEMERAL}
+    if arguments.get("system"):
+        arguments["system"] = [{"type": "text", "text": arguments["system"], "cache_control": _EPHEMERAL}]
+    messages = arguments["messages"]
+    if messages and messages[-1]["content"]:
+        last = messages[-1]
+        messages[-1] = {**last, "content": [*last["content"][:-1], {**last["content"][-1],
+                                                                    "cache_control": _EPHEMERAL}]}
 
 
 def _anthropic_tool(tool: Tool) -> dict[str, Any]:
