@@ -124,3 +124,44 @@ async def test_a_run_can_choose_its_model_by_provider_name(tmp_path, monkeypatch
             assert values["messages"][-1]["content"] == "from the configured model"
     finally:
         fake.stop()
+
+
+def test_the_workspace_keys_build_the_agents_files_plan_memory_skills_and_mcp_servers(tmp_path):
+    from backchannel.mcp import MCPMiddleware
+    from backchannel.workspace import (
+        FilesystemMiddleware,
+        LocalShellBackend,
+        MemoryMiddleware,
+        SkillsMiddleware,
+        TodoListMiddleware,
+    )
+
+    path = tmp_path / "config.toml"
+    path.write_text(f'workspace = "{tmp_path}"\nshell = true\nmemory = ["/AGENTS.md"]\nskills = ["/skills/"]\n'
+                    'todos = true\n[[mcp_servers]]\nname = "files"\ncommand = "python"\nargs = ["server.py"]\n'
+                    '[[mcp_servers]]\nname = "search"\nurl = "http://127.0.0.1:9/mcp"\n')
+    config = load_config(path)
+    agent = build_chat_agent(config, ScriptedModel(["hi"]), home=tmp_path)
+    by_kind = {type(m): m for m in agent.middleware}
+    assert isinstance(by_kind[FilesystemMiddleware].backend, LocalShellBackend)
+    assert by_kind[FilesystemMiddleware].backend.cwd == tmp_path.resolve()
+    assert by_kind[MemoryMiddleware].sources == ["/AGENTS.md"]
+    assert by_kind[SkillsMiddleware].sources == ["/skills/"]
+    assert TodoListMiddleware in by_kind
+    assert by_kind[HumanInTheLoop].configs.keys() == {"execute"}  # commands wait for approval
+    assert by_kind[MCPMiddleware].client.connections == {
+        "files": {"transport": "stdio", "command": "python", "args": ["server.py"], "env": None, "cwd": None},
+        "search": {"transport": "streamable_http", "url": "http://127.0.0.1:9/mcp", "headers": None}}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("shell = true\n", r"shell: needs workspace"),
+    ('workspace = "/no/such/dir"\n', r"workspace: '/no/such/dir' is not a directory"),
+    ('[[mcp_servers]]\nname = "x"\ncommand = "c"\nport = 1\n', r"unknown key 'mcp_servers\[0\]\.port'"),
+    ('[[mcp_servers]]\nname = "x"\n', r"mcp_servers\[0\]: Value error, give either command"),
+])
+def test_bad_workspace_keys_are_refused(tmp_path, text, message):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        build_chat_agent(load_config(path), ScriptedModel([]), home=tmp_path)

@@ -1,4 +1,4 @@
-"""Showing runs in a terminal: messages, tool calls, notifications and a live panel of background tasks.
+"""Showing runs in a terminal: messages, tool calls, notifications and a live panel of the plan and background tasks.
 
 Everything here reads what a runtime's surface returns (stream parts and
 message dicts), so it shows a local run and a server's run the same way.
@@ -128,9 +128,11 @@ class TaskBoard:
 
     def __init__(self) -> None:
         self.rows: dict[str, TaskRow] = {}
+        self.todos: list[Mapping[str, Any]] = []  # the agent's plan (write_todos), shown while unfinished
 
     def clear(self) -> None:
         self.rows.clear()
+        self.todos = []
 
     def on_task(self, task: Mapping[str, Any]) -> None:
         """A task as ``async_tasks`` stream parts and the thread's ``async_tasks`` state describe it."""
@@ -180,9 +182,12 @@ class TaskBoard:
         """Unfinished tasks and those that ended in the last ``recent`` seconds (``None``: nothing to show)."""
         now = time.time() if now is None else now
         rows = [r for r in self.rows.values() if r.ended is None or now - r.ended < recent]
-        if not rows:
-            return None
-        return Group(Text(" background tasks", style="bold blue"), self._table(rows, now, ids=False))
+        parts: list[RenderableType] = []
+        if any(t.get("status") != "completed" for t in self.todos):
+            parts += [Text(" plan", style="bold blue"), _plan(self.todos)]
+        if rows:
+            parts += [Text(" background tasks", style="bold blue"), self._table(rows, now, ids=False)]
+        return Group(*parts) if parts else None
 
     def table(self, now: float | None = None) -> RenderableType:
         """Every task of the thread, with its id (what ``/tasks`` prints)."""
@@ -211,6 +216,17 @@ class TaskBoard:
         elif row.ended is None or status != row.status:
             row.ended = _epoch(updated_at) if updated_at else time.time()
         row.status = status
+
+
+_TODO_MARK = {"completed": ("✓", "dim"), "in_progress": ("▶", "bold yellow"), "pending": ("○", "")}
+
+
+def _plan(todos: Iterable[Mapping[str, Any]]) -> Text:
+    lines = Text()
+    for i, todo in enumerate(todos):
+        mark, style = _TODO_MARK.get(todo.get("status", ""), ("•", ""))
+        lines.append(("\n" if i else "") + f" {mark} {_shorten(str(todo.get('content', '')), 70)}", style=style)
+    return lines
 
 
 def _epoch(iso: str | None) -> float:
@@ -264,6 +280,8 @@ class StreamView:
                 continue
             if node == "model":
                 self.typing = ""
+            if isinstance(update, Mapping) and isinstance(update.get("todos"), list):
+                self.board.todos = update["todos"]
             for message in (update or {}).get("messages") or () if isinstance(update, Mapping) else ():
                 print_once(self.console, message, self.agent, self.shown)
 

@@ -382,6 +382,7 @@ class Chat:
         for message in values.get("messages") or ():
             print_once(self.console, message, self.assistant, self.shown)
         self.board.load(values.get("async_tasks") or {})
+        self.board.todos = values.get("todos") or []
         if thread["status"] == "interrupted" and thread["interrupts"] and not force:
             pending = [i["value"] for items in thread["interrupts"].values() for i in items]
             if not any(_is_handoff(v) for v in pending):
@@ -412,6 +413,7 @@ class Chat:
             for renderable in message_renderables(message, self.assistant):
                 self.console.print(renderable)
         self.board.load(values.get("async_tasks") or {})
+        self.board.todos = values.get("todos") or []
         runs = await self.rt.runs.list(thread_id, limit=1)
         self._last_run = (runs[0]["run_id"], runs[0]["status"]) if runs else None
 

@@ -10,6 +10,11 @@ Every key is optional::
     completion = "notify"              # or "wait": stay in the run until background tasks report
     store = "sqlite:///~/.backchannel/state.db"
     summarize_after = 170000           # tokens before older messages are summarised
+    workspace = "~/notes"              # the file tools work in this directory (default: in the thread's state)
+    shell = false                      # with workspace: `execute` runs commands there, each approved by you
+    memory = ["/AGENTS.md"]            # memory files in the workspace, in the prompt of every model call
+    skills = ["/skills/"]              # skill directories in the workspace
+    todos = true                       # the agent plans with write_todos; the plan shows in the panel
 
     [[subagents]]
     name = "researcher"
@@ -20,6 +25,11 @@ Every key is optional::
     background = true                  # run with start_async_task, report back when done
     timeout = 300
     url = "http://host:8123"           # a subagent served elsewhere, with graph_id
+
+    [[mcp_servers]]                    # MCP servers whose tools the agent gets (pip install "backchannel[mcp]")
+    name = "files"
+    command = "npx"                    # a server run over stdio; or url = "http://host/mcp" (streamable HTTP)
+    args = ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]
 
 A bad file is refused with a :class:`ConfigError` naming the file and the key.
 """
@@ -32,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backchannel._imports import import_object
 from backchannel.agent import Agent
@@ -42,8 +52,8 @@ from backchannel.middleware import Middleware, ModelHandler
 from backchannel.models import _PROVIDERS, init_model
 from backchannel.models.base import ModelRequest
 
-__all__ = ["ChatConfig", "ConfigError", "ModelChoice", "SubagentConfig", "build_chat_agent", "config_path",
-           "load_config", "load_model", "resolve_model"]
+__all__ = ["ChatConfig", "ConfigError", "MCPServerConfig", "ModelChoice", "SubagentConfig", "build_chat_agent",
+           "config_path", "load_config", "load_model", "resolve_model"]
 
 _NAME = r"^[A-Za-z0-9_-]+$"
 
@@ -68,6 +78,32 @@ class SubagentConfig(BaseModel):
     graph_id: str | None = None
 
 
+class MCPServerConfig(BaseModel):
+    """One ``[[mcp_servers]]`` table: a stdio server (``command``) or a streamable HTTP one (``url``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=_NAME)
+    command: str | None = None
+    args: list[str] = []
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> MCPServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either command (a stdio server) or url (a streamable HTTP server)")
+        return self
+
+    def connection(self) -> dict[str, Any]:
+        """The server as :class:`~backchannel.mcp.MCPClient` takes it."""
+        if self.url:
+            return {"transport": "streamable_http", "url": self.url, "headers": self.headers}
+        return {"transport": "stdio", "command": self.command, "args": self.args, "env": self.env, "cwd": self.cwd}
+
+
 class ChatConfig(BaseModel):
     """The whole file."""
 
@@ -82,6 +118,12 @@ class ChatConfig(BaseModel):
     store: str | None = None
     summarize_after: int | None = Field(default=170_000, gt=0)
     subagents: list[SubagentConfig] = []
+    workspace: str | None = None
+    shell: bool = False
+    memory: list[str] = []
+    skills: list[str] = []
+    todos: bool = False
+    mcp_servers: list[MCPServerConfig] = []
 
 
 def config_path() -> Path:
@@ -111,7 +153,7 @@ def _describe(exc: ValidationError) -> str:
     error = exc.errors()[0]
     key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]).lstrip(".")
     if error["type"] == "extra_forbidden":
-        owner = SubagentConfig if "subagents" in key else ChatConfig
+        owner = SubagentConfig if "subagents" in key else MCPServerConfig if "mcp_servers" in key else ChatConfig
         return f"unknown key {key!r} (known keys: {', '.join(owner.model_fields)})"
     if error["type"] == "string_pattern_mismatch":
         return f"{key}: {error['input']!r} must be a plain name (letters, digits, '-' and '_')"
@@ -187,7 +229,6 @@ def build_chat_agent(config: ChatConfig, model: Any, *, home: str | os.PathLike[
     """The agent the configuration describes: a deep agent with its subagents, memory and handoff."""
     from backchannel.deep_agent import create_deep_agent
     from backchannel.handoff import HandoffMiddleware
-    from backchannel.hitl import HumanInTheLoop
     from backchannel.memory import AgentMemoryMiddleware, MemoryFile, agent_memory_path
     from backchannel.subagents import SubAgent
 
@@ -199,5 +240,21 @@ def build_chat_agent(config: ChatConfig, model: Any, *, home: str | os.PathLike[
     return create_deep_agent(
         model, _tools(config.tools), subagents=subagents, system_prompt=config.system_prompt, name=config.agent,
         completion=config.completion, max_tokens_before_summary=config.summarize_after,
-        middleware=[HandoffMiddleware(model, memory), AgentMemoryMiddleware(memory), ModelChoice(),
-                    *([HumanInTheLoop({t: True for t in config.approve_tools})] if config.approve_tools else [])])
+        middleware=[HandoffMiddleware(model, memory), AgentMemoryMiddleware(memory), ModelChoice()],
+        interrupt_on={t: True for t in config.approve_tools}, backend=_backend(config),
+        memory=config.memory or None, skills=config.skills or None, todos=config.todos,
+        mcp_servers={s.name: s.connection() for s in config.mcp_servers} or None)
+
+
+def _backend(config: ChatConfig) -> Any:
+    """Where the file tools work: the configured directory (with a shell if asked), else the thread's state."""
+    from backchannel.workspace import FilesystemBackend, LocalShellBackend
+
+    if config.workspace is None:
+        if config.shell:
+            raise ConfigError("shell: needs workspace = \"<directory>\" to run commands in")
+        return None
+    root = Path(config.workspace).expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"workspace: {str(root)!r} is not a directory")
+    return LocalShellBackend(root) if config.shell else FilesystemBackend(root)
