@@ -56,6 +56,16 @@ _LAZY = {
     "HandoffMiddleware": "backchannel.handoff",
     "propose_handoff": "backchannel.handoff",
     "decide_handoff": "backchannel.handoff",
+    "StateBackend": "backchannel.workspace",
+    "FilesystemBackend": "backchannel.workspace",
+    "StoreBackend": "backchannel.workspace",
+    "CompositeBackend": "backchannel.workspace",
+    "LocalShellBackend": "backchannel.workspace",
+    "FilesystemMiddleware": "backchannel.workspace",
+    "TodoListMiddleware": "backchannel.workspace",
+    "MemoryMiddleware": "backchannel.workspace",
+    "SkillsMiddleware": "backchannel.workspace",
+    "MCPClient": "backchannel.mcp",
 }
 
 
@@ -67,6 +77,16 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'backchannel' has no attribute {name!r}")
 
 __all__ = [
+    "CompositeBackend",
+    "FilesystemBackend",
+    "FilesystemMiddleware",
+    "LocalShellBackend",
+    "MCPClient",
+    "MemoryMiddleware",
+    "SkillsMiddleware",
+    "StateBackend",
+    "StoreBackend",
+    "TodoListMiddleware",
     "AIMessage",
     "AgentMemoryMiddleware",
     "HandoffMiddleware",

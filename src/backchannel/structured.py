@@ -31,7 +31,7 @@ class StructuredOutput(Middleware):
             self.name_of_tool = str(schema.get("title") or "StructuredResponse")
             description = str(schema.get("description") or f"Answer with a {self.name_of_tool}.")
             args_schema: Any = {"type": "object", **{k: v for k, v in schema.items() if k not in ("title",)}}
-            make = dict
+            make: Any = dict
         elif isinstance(schema, type) and hasattr(schema, "model_validate"):
             self.name_of_tool = schema.__name__
             description = (schema.__doc__ or "").strip() or f"Answer with a {schema.__name__}."

@@ -56,8 +56,8 @@ def as_file_data(value: Any) -> FileData:
         return {"content": value, "encoding": "utf-8"}
     content = value["content"]
     if isinstance(content, list):  # deepagents' older form: a list of lines
-        return {**value, "content": "\n".join(content)}
-    return value
+        return {"encoding": "utf-8", **value, "content": "\n".join(content)}
+    return value  # type: ignore[no-any-return]
 
 
 def is_edit(value: Any) -> bool:
@@ -220,7 +220,9 @@ def _closing_brace(pattern: str, start: int) -> int:
 
 
 def _split_options(body: str) -> list[str]:
-    options, depth, current = [], 0, []
+    options: list[str] = []
+    current: list[str] = []
+    depth = 0
     for c in body:
         if c == "," and depth == 0:
             options.append("".join(current))

@@ -312,19 +312,22 @@ class FilesystemMiddleware(Middleware):
             rows.pop()
         budget = self.evict_above
         numbered = format_with_line_numbers(rows, result.start_line)
-        end, next_offset, note = result.end_line, result.next_offset, ""
+        end, next_offset, notice = result.end_line, result.next_offset, ""
+        fields = [f"lines {result.start_line}-{end}" + (f" of {result.total_lines}" if result.total_lines else "")]
         if budget is not None and len(numbered) > budget:
-            kept = numbered[:budget].rsplit("\n", 1)[0] if "\n" in numbered[:budget] else numbered[:budget]
-            end = result.start_line + kept.count("\n")
+            # Cut at the last whole line that fits; say where the next read starts.
+            cut = numbered[:budget]
+            numbered = cut.rsplit("\n", 1)[0] if "\n" in cut else cut
+            end = result.start_line + numbered.count("\n")
             next_offset = end if end < (result.total_lines or end) else None
-            numbered = kept
-            note = (" | truncated due to size", "[Output was truncated due to size limits. Read fewer lines at "
-                    "a time, with offset and limit.]\n")
-        header = [f"lines {result.start_line}-{end}" + (f" of {result.total_lines}" if result.total_lines else "")]
+            fields = [f"lines {result.start_line}-{end} of {result.total_lines}"]
+            notice = ("[Output was truncated due to size limits. Read fewer lines at a time, with offset and "
+                      "limit.]\n")
         if next_offset is not None:
-            header.append(f"next offset {next_offset}")
-        head = f"@@ {' | '.join(header)}{note[0] if note else ''} @@"
-        return f"{note[1] if note else ''}{head}\n{numbered}"
+            fields.append(f"next offset {next_offset}")
+        if notice:
+            fields.append("truncated due to size")
+        return f"{notice}@@ {' | '.join(fields)} @@\n{numbered}"
 
 
 def format_with_line_numbers(lines: Sequence[str], start_line: int = 1) -> str:
