@@ -6,6 +6,10 @@ What is measured (zero-latency scripted models, so only the harness is timed):
   then answers; µs per step (one model call + its tool call), N = 10, 50, 200; with an async
   ``echo`` and with a sync one (which every framework runs in a worker thread; backchannel's
   ``@tool(inline=True)`` runs it on the event loop, measured too);
+* tracing: µs per step (async tool, N = 50) with nothing recorded (``agent.ainvoke``), with the run's
+  spans recorded (as in a runtime, which keeps them for the run's usage and timeline), and with
+  OpenTelemetry on (its SDK with a batch span processor whose exporter encodes each batch to OTLP
+  protobuf and drops it), measured in turns in one process; and what one bare SDK span costs here;
 * construction: µs per ``create_agent(...)`` call, model and tools pre-built;
 * retained memory: bytes per agent (tracemalloc) with many agents kept alive;
 * import time: ``python -X importtime``, a fresh process each time.
@@ -54,6 +58,7 @@ TARGETS = {
     "construct_us": 20.0,
     "bytes_per_agent": 8 * 1024,
     "import_ms": 100.0,
+    "otel_added_us_at_50": 15.0,  # OpenTelemetry on (batch exporter) over nothing recorded, per step
 }
 
 Runner = Callable[[], Awaitable[dict[str, Any]]]
@@ -278,6 +283,63 @@ async def measure_steps(framework: Framework, kind: str, n: int, repeats: int) -
     return Stats.of(samples)
 
 
+TRACING_MODES = ("off", "recorded", "opentelemetry")
+
+
+async def measure_tracing(repeats: int, n: int = 50) -> dict[str, Any]:
+    """backchannel's µs per step (async tool) by tracing mode, sampled in turns in one process; and the µs
+    one bare OpenTelemetry SDK span (start + end) takes here, for scale. ``None`` without the SDK."""
+    try:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    except ImportError:
+        return {"modes": "opentelemetry-sdk not installed (pip install 'backchannel[otel]')"}
+    import backchannel as bc
+    from backchannel.agent import initial_state
+    from backchannel.tracing import configure_tracing
+
+    class EncodingExporter(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            encode_spans(spans).SerializeToString()  # what an OTLP exporter does before sending
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(EncodingExporter()))
+
+    @bc.tool
+    async def echo(x: int) -> int:
+        """Return x unchanged."""
+        return x
+
+    script: list[Any] = [{"tool_calls": [{"name": "echo", "args": {"x": i}}]} for i in range(n)]
+    agent = bc.create_agent(bc.ScriptedModel([*script, "done"], loop=True), [echo], max_iterations=n + 1)
+    runners = {"off": lambda: agent.ainvoke(PROMPT),  # nothing reads the spans: none recorded
+               "recorded": lambda: agent.run(initial_state(PROMPT), bc.RunContext("agent", "bench")),
+               "opentelemetry": lambda: agent.ainvoke(PROMPT)}
+    runs = max(1, STEPS_PER_SAMPLE // n)
+    samples: dict[str, list[float]] = {mode: [] for mode in TRACING_MODES}
+    try:
+        for _ in range(repeats):
+            for mode in TRACING_MODES:
+                configure_tracing(provider, enabled=mode == "opentelemetry")
+                await runners[mode]()
+                gc.collect()
+                start = time.perf_counter_ns()
+                for _ in range(runs):
+                    await runners[mode]()
+                samples[mode].append((time.perf_counter_ns() - start) / 1_000 / (runs * (n + 1)))
+    finally:
+        configure_tracing()
+    tracer, spans = provider.get_tracer("bench"), 20_000
+    start = time.perf_counter_ns()
+    for _ in range(spans):
+        tracer.start_span("span").end()
+    bare_span_us = (time.perf_counter_ns() - start) / 1_000 / spans
+    provider.shutdown()
+    return {"modes": {mode: Stats.of(found) for mode, found in samples.items()}, "bare_span_us": bare_span_us}
+
+
 def measure_construction(framework: Framework, iterations: int, repeats: int) -> Stats:
     """µs per constructed agent, over ``repeats`` loops of ``iterations`` constructions."""
     build = framework.build
@@ -415,6 +477,8 @@ def run_benchmarks(settings: Settings) -> dict[str, Any]:
         count = settings.memory_agents // 10
         extras["compiled_bytes_per_agent"] = asyncio.run(measure_compiled_memory(bc, count))
         extras["first_run_extra_us"] = asyncio.run(measure_first_run_extra(bc, count))
+    _progress("tracing: backchannel N=50")
+    tracing = asyncio.run(measure_tracing(settings.step_repeats))
     imports: dict[str, ImportTime | str] = {}
     for name, module in IMPORT_TARGETS.items():
         _progress(f"import time: {module}")
@@ -422,7 +486,7 @@ def run_benchmarks(settings: Settings) -> dict[str, Any]:
         imports[name] = "not installed" if measured is None else measured
     return {"steps": steps["async"], "sync_steps": steps["sync"], "inline_steps": steps["inline"],
             "construction": construction, "memory": memory, "backchannel_extras": extras,
-            "imports": imports}
+            "imports": imports, "tracing": tracing}
 
 
 # -- reporting --------------------------------------------------------------------------
@@ -476,9 +540,34 @@ def target_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
         "construct_us": _best(results["construction"]["backchannel"]),
         "bytes_per_agent": _best(results["memory"]["backchannel"]),
         "import_ms": imports.total_us / 1000 if isinstance(imports, ImportTime) else None,
+        "otel_added_us_at_50": otel_added_us(results["tracing"]),
     }
     return [{"name": name, "value": value, "target": TARGETS[name],
              "met": value is not None and value <= TARGETS[name]} for name, value in figures.items()]
+
+
+def otel_added_us(tracing: dict[str, Any]) -> float | None:
+    """µs per step OpenTelemetry adds over a run that records nothing (best against best)."""
+    modes = tracing["modes"]
+    return None if isinstance(modes, str) else modes["opentelemetry"].best - modes["off"].best
+
+
+def render_tracing(results: dict[str, Any], out: Any) -> None:
+    tracing = results["tracing"]
+    modes = tracing["modes"]
+    print("\ntracing: backchannel µs per step (async tool, N=50), best / median, the modes sampled in turns\n",
+          file=out)
+    if isinstance(modes, str):
+        print(f"  {modes}", file=out)
+        return
+    off = modes["off"].best
+    labels = {"off": "nothing recorded (agent.ainvoke)", "recorded": "spans recorded (as in a runtime)",
+              "opentelemetry": "OpenTelemetry on, batch exporter"}
+    for mode in TRACING_MODES:
+        added = "" if mode == "off" else f"   {modes[mode].best - off:+,.1f} µs"
+        print(f"  {labels[mode]:<36} {_fmt(modes[mode]):>19}{added}", file=out)
+    print(f"\n  one bare OpenTelemetry SDK span (start + end, no attributes): {tracing['bare_span_us']:,.1f} µs; "
+          "a step has two (its model call and its tool call)", file=out)
 
 
 def render_steps(results: dict[str, Any], out: Any) -> None:
@@ -546,7 +635,8 @@ def render_targets(checks: list[dict[str, Any]], out: Any) -> None:
               "growth_10_to_200_pct": (f"growth N={SIZES[0]}->{SIZES[-1]}", "%"),
               "construct_us": ("construction (best)", "µs"),
               "bytes_per_agent": ("retained memory per agent", "B"),
-              "import_ms": ("import backchannel (min)", "ms")}
+              "import_ms": ("import backchannel (min)", "ms"),
+              "otel_added_us_at_50": ("OpenTelemetry on, added per step", "µs")}
     print("\nbackchannel against its targets", file=out)
     for check in checks:
         label, unit = labels[check["name"]]
@@ -589,8 +679,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["marginal_us_per_step"] = {name: marginal_us(results["steps"][name]) for name in FRAMEWORKS}
     checks = target_checks(results)
     results["target_checks"] = checks
-    emit_report(results, [render_steps, render_sync_steps, render_costs, lambda r, out: render_targets(checks, out)],
-                args.json)
+    emit_report(results, [render_steps, render_sync_steps, render_tracing, render_costs,
+                          lambda r, out: render_targets(checks, out)], args.json)
     return 0
 
 

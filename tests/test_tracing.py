@@ -274,3 +274,65 @@ def test_the_otel_environment_variables_set_opentelemetry_up():
                                                    "invoke_agent greeter"]
     assert {s["resource"]["attributes"]["service.name"] for s in exported} == {"greetings"}
     assert run_python(RUN_AN_AGENT, OTEL_TRACES_EXPORTER="console", OTEL_SDK_DISABLED="true").stdout.count("{") == 0
+
+
+async def test_a_run_picked_up_by_another_runtime_continues_the_trace_it_was_queued_in(spans, tmp_path):
+    provider = spans_provider(spans)
+    configure_tracing(provider)
+    agent = create_agent(answering("hi"), name="greeter")
+    database = f"sqlite:///{tmp_path / 'state.db'}"
+    with provider.get_tracer("app").start_as_current_span("queue the work") as queued:
+        async with LocalRuntime(database, agents={"greeter": agent}) as first:
+            run = await first.runs.create(None, "greeter", input="hello", after_seconds=1.5,
+                                          on_completion="keep")
+    assert run["kwargs"]["config"]["configurable"]["traceparent"].split("-")[2] == (
+        f"{queued.get_span_context().span_id:016x}")
+    # Another runtime (as another process would) opens the database and runs it, with no span around it.
+    async with LocalRuntime(database, agents={"greeter": agent}) as second:
+        assert (await second.runs.get(run["thread_id"], run["run_id"]))["status"] == "pending"
+        await second.runs.join(run["thread_id"], run["run_id"])
+    (span,) = [s for s in spans.get_finished_spans() if s.name == "invoke_agent greeter"]
+    assert span.context.trace_id == queued.get_span_context().trace_id
+    assert span.parent.span_id == queued.get_span_context().span_id
+
+
+def counts(input_tokens, output_tokens, calls):
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens, "model_calls": calls}
+
+
+# The supervisor's three calls report 10 + 5 each; the researcher's one 3 + 2 (see the models above).
+SUPERVISOR_RUN_USAGE = {**counts(3 * 10 + 3, 3 * 5 + 2, 4), "subagents": {"researcher": counts(3, 2, 1)}}
+
+
+def sync_only_supervisor():
+    """A sync subagent, then a failing tool, then the answer."""
+    def reply(request):
+        last = request.messages[-1]
+        if isinstance(last, HumanMessage):
+            calls = [call("task", {"description": "sum it", "subagent_type": "researcher"}, "c1")]
+        elif last.tool_call_id == "c1":
+            calls = [call("flaky", {"x": 1}, "c2")]
+        else:
+            return AIMessage("done", usage_metadata=USAGE)
+        return AIMessage("", [{**c, "type": "tool_call"} for c in calls], usage_metadata=USAGE)
+
+    return create_deep_agent(policy(reply), [flaky], general_purpose=False,
+                             subagents=[SubAgent("researcher", "Researches.", model=answering("42"))])
+
+
+async def test_the_final_event_of_a_run_carries_its_token_usage_subagents_included():
+    events = [e async for e in sync_only_supervisor().astream("go")]
+    final = events[-1]
+    assert final.type == "lifecycle" and final.data["event"] == "completed" and final.namespace == ()
+    assert final.data["usage"] == SUPERVISOR_RUN_USAGE
+    (researcher,) = [e for e in events if e.type == "lifecycle" and e.data["event"] == "completed" and e.namespace]
+    assert researcher.data["usage"] == counts(3, 2, 1)
+
+
+async def test_the_streamed_lifecycle_of_a_runtime_run_ends_with_its_usage():
+    async with LocalRuntime("memory", agents={"supervisor": sync_only_supervisor()}) as rt:
+        parts = [p async for p in rt.runs.stream(None, "supervisor", input="go", stream_mode=["lifecycle"])]
+    lifecycle = [p.data for p in parts if p.event == "lifecycle"]
+    assert lifecycle[-1]["event"] == "completed" and lifecycle[-1]["namespace"] == []
+    assert lifecycle[-1]["usage"] == SUPERVISOR_RUN_USAGE

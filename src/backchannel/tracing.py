@@ -407,13 +407,17 @@ def trace_context() -> dict[str, str] | None:
     return carrier if "traceparent" in carrier else None
 
 
-def with_trace_context(config: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """A run's ``config`` with the current trace context in its ``configurable`` (as given when it has one
-    already, or when there is none to add), so the run continues this trace."""
+def with_trace_context(config: Mapping[str, Any] | None,
+                       headers: Mapping[str, str] | None = None) -> Mapping[str, Any] | None:
+    """A run's ``config`` with the current trace context in its ``configurable`` (or, without a current span,
+    that of the HTTP request ``headers`` that create the run), so the run continues that trace. As given when
+    it carries one already, or when there is none to add."""
     configurable = (config or {}).get("configurable") or {}
     if "traceparent" in configurable:
         return config
     carrier = trace_context()
+    if carrier is None and headers is not None and headers.get("traceparent"):
+        carrier = {key: headers[key] for key in ("traceparent", "tracestate") if headers.get(key)}
     if carrier is None:
         return config
     return {**(config or {}), "configurable": {**configurable, **carrier}}
@@ -504,7 +508,8 @@ class _Otel:
             meta = message.response_metadata
             if meta.get("model_name"):
                 attributes["gen_ai.response.model"] = meta["model_name"]
-            attributes["gen_ai.response.id"] = meta.get("id") or message.id
+            if meta.get("id"):  # the provider's id of its reply
+                attributes["gen_ai.response.id"] = meta["id"]
             if meta.get("finish_reason"):
                 attributes["gen_ai.response.finish_reasons"] = [meta["finish_reason"]]
             attributes.update(_usage_attributes(message.usage_metadata))

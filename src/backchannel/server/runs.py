@@ -28,6 +28,7 @@ from backchannel.server.routing import (
 )
 from backchannel.server.schemas import RunCreate
 from backchannel.server.sse import StreamingBody, encode_event
+from backchannel.tracing import with_trace_context
 
 __all__ = ["ENDPOINTS"]
 
@@ -36,14 +37,19 @@ logger = logging.getLogger("backchannel.server")
 _NOT_RUN_OPTIONS = ("assistant_id", "on_disconnect")
 
 
-def _run_options(body: RunCreate) -> dict[str, Any]:
-    return dump(body, exclude=_NOT_RUN_OPTIONS)
+def _run_options(body: RunCreate, request: Request) -> dict[str, Any]:
+    options = dump(body, exclude=_NOT_RUN_OPTIONS)
+    # A caller tracing with OpenTelemetry sends its trace context as headers: the run continues that trace.
+    config = with_trace_context(options.get("config"), request.headers)
+    if config is not None:
+        options["config"] = config
+    return options
 
 
 async def create_run(request: Request) -> Response:
     body = await read_body(request, RunCreate)
     thread_id = request.path_params.get("thread_id")
-    run = await runtime_of(request).runs.create(thread_id, body.assistant_id, **_run_options(body))
+    run = await runtime_of(request).runs.create(thread_id, body.assistant_id, **_run_options(body, request))
     return JSONResponse(run, headers=_run_headers(thread_id, run["run_id"]))
 
 
@@ -51,7 +57,7 @@ async def stream_run(request: Request) -> Response:
     body = await read_body(request, RunCreate)
     rt = runtime_of(request)
     thread_id = request.path_params.get("thread_id")
-    parts = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body))
+    parts = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body, request))
     metadata = await anext(parts)  # creates the run: a bad request fails here, before the response starts
     run_id = metadata.data["run_id"]
     return StreamingBody(
@@ -64,7 +70,7 @@ async def wait_run(request: Request) -> Response:
     body = await read_body(request, RunCreate)
     rt = runtime_of(request)
     thread_id = request.path_params.get("thread_id")
-    run = await rt.runs.create(thread_id, body.assistant_id, **_run_options(body))
+    run = await rt.runs.create(thread_id, body.assistant_id, **_run_options(body, request))
     return StreamingBody(
         _output(rt, run["run_id"]), media_type="application/json", heartbeat=request.app.state.heartbeat,
         headers=_run_headers(run["thread_id"], run["run_id"], "join"),
