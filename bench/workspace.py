@@ -22,17 +22,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
-import sqlite3
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _peers import reply_chat_model  # noqa: E402  (sibling scripts, not a package)
+from runtime import sqlite_footprint  # noqa: E402
+from step_overhead import Framework, measure_steps  # noqa: E402
 
 STEPS = 50
 FILE_LINES = 16_384  # lines of 64 bytes: 1 MiB
@@ -41,16 +42,6 @@ BLOCK = 512  # bytes each edit replaces
 PROMPT: Any = {"messages": [{"role": "user", "content": "go"}]}
 TOOLS = ("echo", "read_file", "write_file", "edit_file")
 TARGETS = {"file_tool_extra_us": 20.0, "growth_per_changed_byte": 2.0}
-
-
-@dataclass
-class Stats:
-    best: float
-    median: float
-
-    @classmethod
-    def of(cls, samples: Sequence[float]) -> Stats:
-        return cls(min(samples), statistics.median(samples))
 
 
 def big_file() -> str:
@@ -83,7 +74,7 @@ NOTES = "".join(f"line {i:02d} of the notes\n" for i in range(20))
 # -- backchannel ---------------------------------------------------------------------------------
 
 
-def backchannel_step_runner(tool: str) -> Callable[[], Awaitable[Any]]:
+def backchannel_step_runner(tool: str) -> Callable[[int], Callable[[], Awaitable[Any]]]:
     import backchannel as bc
     from backchannel.workspace import FilesystemMiddleware
 
@@ -100,7 +91,7 @@ def backchannel_step_runner(tool: str) -> Callable[[], Awaitable[Any]]:
     else:
         agent = bc.create_agent(model, middleware=[FilesystemMiddleware()], max_iterations=STEPS + 1)
     files = {"/notes.md": {"content": NOTES, "encoding": "utf-8"}}
-    return lambda: agent.ainvoke({**PROMPT, "files": files})
+    return lambda n: lambda: agent.ainvoke({**PROMPT, "files": files})  # (step_overhead's runner shape)
 
 
 async def backchannel_growth(directory: str, *, files: bool = True) -> int:
@@ -137,8 +128,6 @@ async def backchannel_growth(directory: str, *, files: bool = True) -> int:
 
 def _scripted_langchain(calls: list[tuple[str, dict[str, Any]]], first: str | None = None) -> Any:
     """A LangChain chat model that makes ``calls`` one per reply (after ``first``, if any), then says done."""
-    sys.path.insert(0, os.path.dirname(__file__))
-    from _peers import reply_chat_model
     from langchain_core.messages import AIMessage
 
     def reply(messages: Sequence[Any]) -> Any:
@@ -154,7 +143,7 @@ def _scripted_langchain(calls: list[tuple[str, dict[str, Any]]], first: str | No
     return reply_chat_model(reply)
 
 
-def deepagents_step_runner(tool: str) -> Callable[[], Awaitable[Any]]:
+def deepagents_step_runner(tool: str) -> Callable[[int], Callable[[], Awaitable[Any]]]:
     from deepagents import create_deep_agent
     from langchain_core.tools import tool as lc_tool
 
@@ -167,7 +156,7 @@ def deepagents_step_runner(tool: str) -> Callable[[], Awaitable[Any]]:
     agent = create_deep_agent(model=_scripted_langchain(calls), tools=[echo] if tool == "echo" else [])
     files = {"/notes.md": {"content": NOTES, "encoding": "utf-8"}}
     config = {"recursion_limit": 10_000}
-    return lambda: agent.ainvoke({**PROMPT, "files": files}, config=config)
+    return lambda n: lambda: agent.ainvoke({**PROMPT, "files": files}, config=config)
 
 
 async def deepagents_growth(directory: str) -> int:
@@ -204,27 +193,6 @@ def changed_bytes() -> int:
     return sum(len(a["old_string"]) + len(a["new_string"]) for a in map(edit_args, range(EDITS)))
 
 
-def sqlite_footprint(path: str) -> int:
-    db = sqlite3.connect(path)
-    try:
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        db.close()
-    return sum(os.path.getsize(path + s) for s in ("", "-wal", "-shm") if os.path.exists(path + s))
-
-
-async def measure_steps(run: Callable[[], Awaitable[Any]], repeats: int, runs: int) -> Stats:
-    await run()
-    gc.collect()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        for _ in range(runs):
-            await run()
-        samples.append((time.perf_counter_ns() - start) / 1_000 / (runs * STEPS))
-    return Stats.of(samples)
-
-
 def available() -> dict[str, bool]:
     try:
         import deepagents  # noqa: F401
@@ -236,13 +204,15 @@ def available() -> dict[str, bool]:
 
 async def run_benchmarks(quick: bool) -> dict[str, Any]:
     found = available()
-    repeats, runs = (3, 2) if quick else (9, 4)
-    steps: dict[str, dict[str, Any]] = {}
-    for tool in TOOLS:
-        steps[tool] = {"backchannel": asdict(await measure_steps(backchannel_step_runner(tool), repeats, runs))}
-        if found["deepagents"]:
-            steps[tool]["deepagents"] = asdict(await measure_steps(deepagents_step_runner(tool), max(2, repeats // 3),
-                                                                   1))
+    repeats = 3 if quick else 9
+    frameworks = {"backchannel": Framework("backchannel", {t: backchannel_step_runner(t) for t in TOOLS}, list)}
+    if found["deepagents"]:
+        frameworks["deepagents"] = Framework("deepagents", {t: deepagents_step_runner(t) for t in TOOLS}, list)
+    steps: dict[str, dict[str, Any]] = {tool: {} for tool in TOOLS}
+    for name, framework in frameworks.items():
+        for tool in TOOLS:
+            times = repeats if name == "backchannel" else max(2, repeats // 3)
+            steps[tool][name] = asdict(await measure_steps(framework, tool, STEPS, times))
     growth: dict[str, int | str] = {}
     with tempfile.TemporaryDirectory() as directory:
         growth["backchannel"] = await backchannel_growth(directory)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from posixpath import normpath
 from typing import Any
 
+from backchannel.runtime.storage import now_iso as now
 from backchannel.workspace.protocol import FileData, GrepMatch, GrepResult, ReadResult
 
 __all__ = [
@@ -18,7 +18,9 @@ __all__ = [
     "create_file_data",
     "grep_lines",
     "is_edit",
+    "edit_positions",
     "plan_edit",
+    "read_window",
     "relative_to",
     "slice_lines",
     "validate_path",
@@ -29,6 +31,8 @@ EMPTY_OLD_STRING = "Error: old_string cannot be empty. Provide the exact text to
 
 def validate_path(path: str) -> str:
     """``path`` as a clean absolute path (``/a/b``); ``ValueError`` for ``..``, ``~`` or a drive letter."""
+    if path[:1] == "/" and path[-1:] != "/" and "/." not in path and "//" not in path and "\\" not in path:
+        return path  # already clean: no "." or ".." part, no empty part (the common case, kept cheap)
     if not isinstance(path, str) or not path.strip():
         raise ValueError("Path cannot be empty")
     posix = path.replace("\\", "/")
@@ -38,10 +42,6 @@ def validate_path(path: str) -> str:
         raise ValueError(f"Windows absolute paths are not supported: {path}. Use paths like /workspace/file.txt")
     clean = normpath("/" + posix.lstrip("/"))
     return "/" if clean in ("/", "//") else clean
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat()
 
 
 def create_file_data(content: str, created_at: str | None = None, encoding: str = "utf-8") -> FileData:
@@ -66,18 +66,44 @@ def is_edit(value: Any) -> bool:
 
 
 def slice_lines(content: str, offset: int, limit: int) -> ReadResult:
-    """The window of ``limit`` lines from line ``offset`` (0-based), with its place in the file."""
+    """The window of ``limit`` lines from line ``offset`` (0-based), with its place in the file.
+
+    Lines end at ``\\n`` (as grep counts them); only the lines up to the window are split off,
+    so reading the start of a large file costs the window, not the file.
+    """
     offset, limit = max(int(offset), 0), max(int(limit), 0)
-    if not content.strip() or limit == 0:
+    if limit == 0 or not content or content.isspace():
         return ReadResult(file_data={"content": content if limit else "", "encoding": "utf-8"})
-    lines = content.splitlines(keepends=True)
-    total = len(lines)
+    ends_with_newline = content.endswith("\n")
+    total = content.count("\n") + (0 if ends_with_newline else 1)
     if offset >= total:
         return ReadResult(error=f"Line offset {offset} exceeds file length ({total} lines)")
     end = min(offset + limit, total)
-    window = "".join(lines[offset:end]).replace("\r\n", "\n").replace("\r", "\n")
+    lines = content.split("\n", end)[offset:end]
+    window = "\n".join(lines) + ("\n" if end < total or ends_with_newline else "")
+    if "\r" in window:
+        window = window.replace("\r\n", "\n")
     return ReadResult(file_data={"content": window, "encoding": "utf-8"}, total_lines=total,
                       start_line=offset + 1, end_line=end, next_offset=end if end < total else None)
+
+
+def read_window(data: FileData | None, file_path: str, offset: int, limit: int) -> ReadResult:
+    """A read of ``data`` (``None``: no such file): a text file's window, a binary file whole."""
+    if data is None:
+        return ReadResult(error=f"File '{file_path}' not found")
+    if data.get("encoding") == "base64":
+        return ReadResult(file_data=data)
+    return slice_lines(data["content"], offset, limit)
+
+
+def edit_positions(data: FileData | None, file_path: str, old_string: str, new_string: str,
+                   replace_all: bool) -> list[int] | str:
+    """Where an edit of ``data`` (``None``: no such file) replaces text, or why it cannot."""
+    if data is None:
+        return f"Error: File '{file_path}' not found"
+    if data.get("encoding") == "base64":
+        return "Error: Cannot edit binary files with text replacements."
+    return plan_edit(data["content"], old_string, new_string, replace_all)
 
 
 def plan_edit(content: str, old_string: str, new_string: str, replace_all: bool) -> list[int] | str:

@@ -23,10 +23,10 @@ from backchannel.tools import ToolRuntime
 from backchannel.workspace._text import (
     apply_edit,
     compile_glob,
+    edit_positions,
     grep_lines,
-    plan_edit,
+    read_window,
     relative_to,
-    slice_lines,
     validate_path,
 )
 from backchannel.workspace.protocol import (
@@ -148,9 +148,7 @@ class FilesystemBackend:
         if isinstance(loaded, str):
             return ReadResult(error=loaded)
         _, content, encoding = loaded
-        if encoding == "base64":
-            return ReadResult(file_data={"content": content, "encoding": encoding})
-        return slice_lines(content, offset, limit)
+        return read_window({"content": content, "encoding": encoding}, file_path, offset, limit)
 
     def _write(self, file_path: str, content: str) -> WriteResult:
         try:
@@ -167,9 +165,8 @@ class FilesystemBackend:
         if isinstance(loaded, str):
             return EditResult(error=f"Error: {loaded}")
         full, content, encoding = loaded
-        if encoding == "base64":
-            return EditResult(error="Error: Cannot edit binary files with text replacements.")
-        positions = plan_edit(content, old_string, new_string, replace_all)
+        positions = edit_positions({"content": content, "encoding": encoding}, file_path, old_string, new_string,
+                                   replace_all)
         if isinstance(positions, str):
             return EditResult(error=positions)
         try:

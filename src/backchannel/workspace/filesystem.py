@@ -333,15 +333,14 @@ class FilesystemMiddleware(Middleware):
 def format_with_line_numbers(lines: Sequence[str], start_line: int = 1) -> str:
     """Lines numbered from ``start_line``: right-aligned numbers, two spaces, the line; a line
     longer than 5,000 characters continues on rows numbered ``N.1``, ``N.2``..."""
+    if max(map(len, lines), default=0) <= MAX_LINE_LENGTH:
+        width = len(str(start_line + len(lines) - 1))
+        return "\n".join([str(number).rjust(width) + "  " + line for number, line in enumerate(lines, start_line)])
     rows: list[tuple[str, str]] = []
-    for i, line in enumerate(lines):
-        number = i + start_line
-        if len(line) <= MAX_LINE_LENGTH:
-            rows.append((str(number), line))
-            continue
-        for part, start in enumerate(range(0, len(line), MAX_LINE_LENGTH)):
+    for number, line in enumerate(lines, start_line):
+        for part, start in enumerate(range(0, max(len(line), 1), MAX_LINE_LENGTH)):
             rows.append((str(number) if part == 0 else f"{number}.{part}", line[start:start + MAX_LINE_LENGTH]))
-    width = max((len(m) for m, _ in rows), default=1)
+    width = max(len(marker) for marker, _ in rows)
     return "\n".join(f"{marker:>{width}}  {text}" for marker, text in rows)
 
 

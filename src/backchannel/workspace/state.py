@@ -20,12 +20,12 @@ from backchannel.workspace._text import (
     as_file_data,
     compile_glob,
     create_file_data,
+    edit_positions,
     grep_lines,
     is_edit,
     now,
-    plan_edit,
+    read_window,
     relative_to,
-    slice_lines,
     under,
 )
 from backchannel.workspace.protocol import (
@@ -128,12 +128,7 @@ class StateBackend:
         return LsResult(entries=entries)
 
     async def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> ReadResult:
-        data = self._get(file_path)
-        if data is None:
-            return ReadResult(error=f"File '{file_path}' not found")
-        if data.get("encoding") == "base64":
-            return ReadResult(file_data=data)
-        return slice_lines(data["content"], offset, limit)
+        return read_window(self._get(file_path), file_path, offset, limit)
 
     async def write(self, file_path: str, content: str) -> WriteResult:
         existing = self._get(file_path)
@@ -142,12 +137,7 @@ class StateBackend:
 
     async def edit(self, file_path: str, old_string: str, new_string: str,
                    replace_all: bool = False) -> EditResult:
-        data = self._get(file_path)
-        if data is None:
-            return EditResult(error=f"Error: File '{file_path}' not found")
-        if data.get("encoding") == "base64":
-            return EditResult(error="Error: Cannot edit binary files with text replacements.")
-        positions = plan_edit(data["content"], old_string, new_string, replace_all)
+        positions = edit_positions(self._get(file_path), file_path, old_string, new_string, replace_all)
         if isinstance(positions, str):
             return EditResult(error=positions)
         change = {"at": positions, "cut": len(old_string), "put": new_string, "modified_at": now()}

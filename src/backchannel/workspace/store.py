@@ -18,19 +18,15 @@ from backchannel.tools import ToolRuntime
 from backchannel.workspace._text import (
     apply_edit,
     as_file_data,
-    compile_glob,
     create_file_data,
-    grep_lines,
-    plan_edit,
-    relative_to,
-    slice_lines,
+    edit_positions,
+    read_window,
     under,
 )
 from backchannel.workspace.protocol import (
     DeleteResult,
     EditResult,
     FileData,
-    FileInfo,
     GlobResult,
     GrepResult,
     LsResult,
@@ -38,6 +34,7 @@ from backchannel.workspace.protocol import (
     SupportsStore,
     WriteResult,
 )
+from backchannel.workspace.state import StateBackend
 
 __all__ = ["StoreBackend"]
 
@@ -95,31 +92,14 @@ class StoreBackend:
             files = await self._all()
         except ValueError as exc:
             return LsResult(error=str(exc))
-        prefix = path if path.endswith("/") else path + "/"
-        entries: list[FileInfo] = []
-        directories: set[str] = set()
-        for key, data in files.items():
-            if not key.startswith(prefix):
-                continue
-            rest = key[len(prefix):]
-            if "/" in rest:
-                directories.add(prefix + rest.split("/", 1)[0] + "/")
-            else:
-                entries.append(_info(key, data))
-        entries.extend({"path": d, "is_dir": True, "size": 0, "modified_at": ""} for d in directories)
-        entries.sort(key=lambda e: e["path"])
-        return LsResult(entries=entries)
+        return await StateBackend(files).ls(path)  # the same listing as files in a state
 
     async def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> ReadResult:
         try:
             data = await self._get(file_path)
         except ValueError as exc:
             return ReadResult(error=str(exc))
-        if data is None:
-            return ReadResult(error=f"File '{file_path}' not found")
-        if data.get("encoding") == "base64":
-            return ReadResult(file_data=data)
-        return slice_lines(data["content"], offset, limit)
+        return read_window(data, file_path, offset, limit)
 
     async def write(self, file_path: str, content: str) -> WriteResult:
         try:
@@ -138,13 +118,10 @@ class StoreBackend:
             data = await self._get(file_path)
         except ValueError as exc:
             return EditResult(error=f"Error: {exc}")
-        if data is None:
-            return EditResult(error=f"Error: File '{file_path}' not found")
-        if data.get("encoding") == "base64":
-            return EditResult(error="Error: Cannot edit binary files with text replacements.")
-        positions = plan_edit(data["content"], old_string, new_string, replace_all)
+        positions = edit_positions(data, file_path, old_string, new_string, replace_all)
         if isinstance(positions, str):
             return EditResult(error=positions)
+        assert data is not None
         content = apply_edit(data["content"], positions, len(old_string), new_string)
         await store.put_item(namespace, key=file_path,
                              value=create_file_data(content, created_at=data.get("created_at")))
@@ -169,11 +146,7 @@ class StoreBackend:
             files = await self._all()
         except ValueError as exc:
             return GlobResult(error=str(exc))
-        root = (path or "/").rstrip("/") or "/"
-        matches = compile_glob(pattern)
-        found = [_info(k, d) for k, d in files.items() if under(k, root) and matches(relative_to(k, root))]
-        found.sort(key=lambda info: info.get("modified_at", ""), reverse=True)
-        return GlobResult(matches=found)
+        return await StateBackend(files).glob(pattern, path)
 
     async def grep(self, pattern: str, path: str | None = None, glob: str | None = None, *,
                    max_count: int | None = None, regex: bool = False) -> GrepResult:
@@ -181,12 +154,7 @@ class StoreBackend:
             files = await self._all()
         except ValueError as exc:
             return GrepResult(error=str(exc))
-        root = (path or "/").rstrip("/") or "/"
-        matches = compile_glob(glob) if glob else None
-        texts = [(k, d["content"]) for k, d in sorted(files.items())
-                 if under(k, root) and d.get("encoding") != "base64"
-                 and (matches is None or matches(relative_to(k, root)))]
-        return grep_lines(texts, pattern, regex=regex, max_count=max_count)
+        return await StateBackend(files).grep(pattern, path, glob, max_count=max_count, regex=regex)
 
 
 def assistant_of(runtime: ToolRuntime) -> str:
@@ -200,8 +168,3 @@ def assistant_of(runtime: ToolRuntime) -> str:
     while ctx.parent is not None:
         ctx = ctx.parent
     return str(ctx.metadata.get("graph_id") or ctx.agent)
-
-
-def _info(path: str, data: FileData) -> FileInfo:
-    return {"path": path, "is_dir": False, "size": len(data["content"].encode()),
-            "modified_at": data.get("modified_at", "")}
