@@ -71,3 +71,23 @@ async def test_a_deep_agent_asks_before_each_command_unless_told_not_to(tmp_path
                                 general_purpose=False)
     await trusted.ainvoke("go")
     assert (tmp_path / "t").exists()
+
+
+async def test_interrupt_on_asks_before_any_named_tool_and_a_rejected_write_writes_nothing():
+    script = [{"tool_calls": [call("write_file", {"file_path": "/plan.md", "content": "draft"}, "w1")]},
+              {"tool_calls": [call("write_file", {"file_path": "/plan.md", "content": "final"}, "w2")]}, "done"]
+    agent = create_deep_agent(ScriptedModel(script), interrupt_on={"write_file": {"allowed_decisions": ["approve",
+                                                                                                         "reject"]}},
+                              general_purpose=False)
+    async with LocalRuntime("memory", agents={"writer": agent}) as rt:
+        thread = (await rt.threads.create())["thread_id"]
+        await rt.runs.wait(thread, "writer", input="write")
+        [[pending]] = (await rt.threads.get(thread))["interrupts"].values()
+        assert pending["value"]["review_configs"] == [{"action_name": "write_file",
+                                                       "allowed_decisions": ["approve", "reject"]}]
+        await rt.runs.wait(thread, "writer", command={"resume": {"decisions": [{"type": "reject"}]}})
+        values = (await rt.threads.get_state(thread))["values"]
+        assert "files" not in values or "/plan.md" not in values["files"]
+        await rt.runs.wait(thread, "writer", command={"resume": {"decisions": [{"type": "approve"}]}})
+        values = (await rt.threads.get_state(thread))["values"]
+    assert values["files"]["/plan.md"]["content"] == "final"
