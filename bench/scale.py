@@ -4,8 +4,8 @@ Every configuration serves the same one-step agent (the model answers at once: o
 and storage are timed) with ``backchannel serve --database <url>`` processes on loopback ports, all on
 one fresh Postgres schema; SQLite with one process is the baseline. The load is 64 concurrent clients in
 all, split evenly over the processes (``wrk``, one per process, each looping ``POST /threads/{new id}/
-runs/wait``; ``apt-get install wrk``). Printed: runs/s per configuration, the scaling factor from 1 to 2 and 1 to 4 processes, and
-Postgres with one process as a share of SQLite.
+runs/wait``; ``apt-get install wrk``). Printed: runs/s per configuration, the scaling factor from 1 to 2
+and 1 to 4 processes, and Postgres with one process as a share of SQLite.
 
 Targets: ≥ 1.6× from 1 to 2 processes; Postgres with one process ≥ 50 % of SQLite's throughput.
 Postgres comes from ``--postgres URL`` or ``BACKCHANNEL_TEST_POSTGRES`` (``.ci/run`` shows how to start a

@@ -218,7 +218,8 @@ async def _create_and_wait(http: httpx.AsyncClient) -> float:
 
 
 WRK_SCRIPT = """
-local body = '{"assistant_id": "echo", "input": {"messages": [{"role": "user", "content": "hello"}]}, "if_not_exists": "create"}'
+local body = '{"assistant_id": "echo", "input": {"messages": [{"role": "user", "content": "hello"}]}, '
+  .. '"if_not_exists": "create"}'
 local headers = {["Content-Type"] = "application/json"}
 local sent = 0
 function setup(thread) thread:set("prefix", string.format("%08x", math.random(0, 0x7fffffff))) end

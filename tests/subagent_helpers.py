@@ -184,7 +184,7 @@ db, marker, kill_point = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 from subagent_helpers import crash_supervisor
 from backchannel.notifier import CompletionNotifier
 from backchannel.runtime import LocalRuntime
-from backchannel.runtime.local import LocalRuntime as _LR
+from backchannel.runtime.mail import Mail
 
 
 async def hang(label):
@@ -207,7 +207,7 @@ else:
     async def slow_wake(self, thread_id, assistant_id=None):
         await hang("notification stored, parent not woken")
 
-    _LR._wake_thread = slow_wake
+    Mail.wake = slow_wake
 
 
 async def main():

@@ -81,7 +81,7 @@ async def test_model_settings_and_messages_reach_the_model():
 async def test_astream_yields_events_then_exposes_the_result():
     stream = calc_agent().astream("2+3?")
     with pytest.raises(RuntimeError, match="has not finished"):
-        stream.result
+        _ = stream.result
     events = [e async for e in stream]
     assert events and events[-1].type == "lifecycle"
     assert stream.result["messages"][-1].text == "5"

@@ -243,7 +243,8 @@ async def test_approve_with_a_new_title_and_edit_with_new_markdown(tmp_path):
         assert result.summary_json["title"] == "GOAT debate"
         assert result.summary_md.startswith("### GOAT debate\n") and "### GOAT debate" in memory.block()
 
-        edited = "### My own notes\n\n- keep the stats\n- drop the opinions\n- check the sources\n\n**TL;DR:** stats only"
+        edited = ("### My own notes\n\n- keep the stats\n- drop the opinions\n- check the sources\n\n"
+                  "**TL;DR:** stats only")
         await propose_handoff(rt, parent, "agent")
         result = await decide_handoff(rt, parent, "agent", {"type": "edit", "args": {"summary_md": edited}})
         assert result.summary_md == edited and memory.block().endswith(edited)

@@ -130,7 +130,7 @@ async def test_cancelling_a_run_cancels_its_call_and_the_server_keeps_serving():
     async with LocalRuntime("memory", agents={"agent": agent}) as rt:
         thread = (await rt.threads.create())["thread_id"]
         run = await rt.runs.create(thread, "agent", input="be slow")
-        await wait_until(lambda: rt.stream_of(run["run_id"]) is not None, timeout=10)
+        await wait_until(lambda: rt.streams.get(run["run_id"]) is not None, timeout=10)
         await asyncio.sleep(2.0)  # the server is started and the call is under way
         started = time.monotonic()
         await rt.runs.cancel(thread, run["run_id"], wait=True)

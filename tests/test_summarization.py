@@ -96,8 +96,9 @@ def test_the_cut_never_separates_an_ai_message_from_its_tool_results():
 async def test_a_summary_keeps_tool_pairs_whole_in_a_real_run():
     model = policy()
     call = {"name": "search", "args": {"q": "x"}, "id": "c1", "type": "tool_call"}
-    history = [*conversation(6), HumanMessage("look it up"), AIMessage("", [call]), ToolMessage("found " + "z" * 300, "c1"),
-               AIMessage("here it is"), HumanMessage("thanks"), AIMessage("welcome"), HumanMessage("one more")]
+    history = [*conversation(6), HumanMessage("look it up"), AIMessage("", [call]),
+               ToolMessage("found " + "z" * 300, "c1"), AIMessage("here it is"), HumanMessage("thanks"),
+               AIMessage("welcome"), HumanMessage("one more")]
     agent = create_agent(model, middleware=[SummarizationMiddleware(model, max_tokens_before_summary=300,
                                                                      messages_to_keep=5)])
     result = await agent.ainvoke(history)

@@ -3,7 +3,8 @@
 The public API, re-exported from the modules that own it.
 """
 
-from backchannel.agent import Agent, RunResult, create_agent
+from backchannel._version import __version__ as __version__
+from backchannel.agent import Agent, create_agent
 from backchannel.context import RunContext
 from backchannel.errors import (
     BackchannelError,
@@ -39,10 +40,9 @@ from backchannel.middleware import (
     wrap_tool_call,
 )
 from backchannel.models import ChatModel, ModelRequest, ScriptedModel, init_model
+from backchannel.result import RunResult
 from backchannel.streaming import AgentStream, SubagentHandle
 from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime, tool
-
-__version__ = "0.1.0"
 
 # The higher layers load on first use, so ``import backchannel`` stays light.
 _LAZY = {

@@ -70,9 +70,11 @@ def message_renderables(message: Mapping[str, Any], agent: str) -> list[Renderab
 def print_once(console: Console, message: Mapping[str, Any], agent: str, shown: set[str]) -> None:
     """Print a message unless its id is in ``shown`` (then add it): the live view and the catch-up
     after background runs share one ``shown``, so neither prints what the other did."""
-    if message.get("id") in shown:
-        return
-    shown.add(message.get("id"))
+    message_id = message.get("id")
+    if message_id is not None:
+        if message_id in shown:
+            return
+        shown.add(message_id)
     for renderable in message_renderables(message, agent):
         console.print(renderable)
 

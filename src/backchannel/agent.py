@@ -16,17 +16,19 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from backchannel.context import CallingTool, RunContext, current_tool_call, forward_events
 from backchannel.errors import MaxIterationsError, MiddlewareError
 from backchannel.events import Event, EventBus, filter_metadata
-from backchannel.interrupts import GraphInterrupt, Interrupt, InterruptScope, current_scope
+from backchannel.interrupts import GraphInterrupt, InterruptScope, current_scope
 from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_from_input, new_id, pending_tool_calls
 from backchannel.middleware import HOOKS, JUMPS, Middleware, ModelHandler, ToolCallRequest, ToolHandler, overrides
 from backchannel.models import init_model
 from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, TextDelta, ToolCallDelta
+from backchannel.protocols import HostRuntime
+from backchannel.result import RunResult
 from backchannel.serde import dumps
 from backchannel.state import MessageList, Reducer, apply_update, reducers_of, snapshot
 from backchannel.streaming import AgentStream
@@ -40,18 +42,6 @@ DEFAULT_MAX_ITERATIONS = 50
 logger = logging.getLogger("backchannel")
 
 _JUMP_TARGETS = {"end": "after_agent", "model": "before_model"}
-
-
-@dataclass(slots=True)
-class RunResult:
-    """How a run ended, with its state: ``success``, ``interrupted`` (waiting for a human, ``stage``
-    says where it resumes), or, as ``on_end`` hooks see it, ``error``, ``timeout`` or ``cancelled``."""
-
-    status: Literal["success", "interrupted", "error", "timeout", "cancelled"]
-    state: dict[str, Any]
-    interrupts: list[Interrupt] = field(default_factory=list)
-    stage: str = ""
-    error: BaseException | None = None
 
 
 @dataclass(slots=True)
@@ -88,7 +78,7 @@ class Agent:
         self.max_iterations = max_iterations
         self.model_settings = model_settings or {}
         self.state_schema = state_schema
-        self.runtime: Any = None  # set by the runtime the agent is registered with
+        self.runtime: HostRuntime | None = None  # set by the runtime the agent is registered with
         self._plan: _Plan | None = None
 
     def __repr__(self) -> str:
@@ -365,12 +355,12 @@ class Agent:
             return direct
         results = await asyncio.gather(*(self._execute_in_batch(plan, c, state, ctx) for c in calls),
                                        return_exceptions=True)
-        paused = [r for r in results if isinstance(r, GraphInterrupt)]
+        waiting = [r for r in results if isinstance(r, GraphInterrupt)]
         failed = [r for r in results if isinstance(r, BaseException) and not isinstance(r, GraphInterrupt)]
         if failed:
             raise failed[0]
-        if paused:
-            raise GraphInterrupt([i for p in paused for i in p.interrupts], "tools")
+        if waiting:
+            raise GraphInterrupt([i for w in waiting for i in w.interrupts], "tools")
         merged: dict[str, Any] = {}
         direct = False
         for update, is_direct in results:  # type: ignore[misc]

@@ -27,18 +27,23 @@ import contextlib
 import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Annotated, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
+from backchannel._clock import now_iso
+from backchannel.agent import Agent
 from backchannel.context import Inbox, RunContext, forward_events
 from backchannel.errors import BackchannelError, NotFoundError, RemoteError
 from backchannel.hitl import is_review_request
 from backchannel.messages import AIMessage, HumanMessage, text_of
 from backchannel.middleware import Middleware
 from backchannel.notifier import CompletionNotifier, describe_question, notification_message
-from backchannel.runtime.storage import now_iso
+from backchannel.protocols import HostRuntime, Runtime
 from backchannel.subagents import Delegates, SubAgent
 from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime
 from backchannel.workspace.state import FILES_KEY, files_written_since
+
+if TYPE_CHECKING:
+    from backchannel.runtime.remote import RemoteRuntime
 
 __all__ = ["AsyncSubAgentMiddleware", "AsyncTaskState", "TASK_STATUSES", "task_status"]
 
@@ -62,7 +67,7 @@ class AsyncTaskState(TypedDict, total=False):
     async_tasks: Annotated[dict[str, dict[str, Any]], merge_tasks]
 
 
-async def task_status(runtime: Any, task: Mapping[str, Any]) -> str:
+async def task_status(runtime: Runtime, task: Mapping[str, Any]) -> str:
     """A task's live status, from its latest run and its thread.
 
     As LangGraph reports them: a run cancelled is ``interrupted``; a run that paused for a
@@ -72,7 +77,7 @@ async def task_status(runtime: Any, task: Mapping[str, Any]) -> str:
     return status
 
 
-async def _status_and_thread(runtime: Any, task: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
+async def _status_and_thread(runtime: Runtime, task: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """:func:`task_status`, with the thread it read to tell ``success`` from ``waiting`` (else ``None``).
 
     The thread carries its values and interrupts, so callers read the result or the question
@@ -96,22 +101,23 @@ def _questions(thread: Mapping[str, Any]) -> list[Any]:
 _DETAIL_KEYS = {"success": "result", "waiting": "question", "error": "error", "timeout": "error"}
 
 
-async def task_outcome(runtime: Any, task: Mapping[str, Any]) -> tuple[str, str | None]:
+async def task_outcome(runtime: Runtime, task: Mapping[str, Any]) -> tuple[str, str | None]:
     """A task's status and what there is to say about it: its result, its question, or that it failed."""
     status, thread = await _status_and_thread(runtime, task)
-    if status == "success":
+    if status == "success" and thread is not None:
         values = thread["values"] or {}  # None: the thread has no checkpoint yet
         answers = [m for m in values.get("messages", []) if m["type"] == "ai"]
         return status, text_of(answers[-1]["content"]) if answers else ""
-    if status == "waiting":
+    if status == "waiting" and thread is not None:
         return status, describe_question(_questions(thread))
     if status in ("error", "timeout"):
         return status, "the task timed out" if status == "timeout" else "the task failed before it finished"
     return status, None
 
 
-async def watch_remote_run(rt: Any, home: Any, subagent: str, task_id: str, run_id: str, parent_thread_id: str,
-                           parent_assistant_id: str | None, *, done: Callable[[], None]) -> None:
+async def watch_remote_run(rt: HostRuntime, home: Runtime, subagent: str, task_id: str, run_id: str,
+                           parent_thread_id: str, parent_assistant_id: str | None, *,
+                           done: Callable[[], None]) -> None:
     """Wait for a task's run on another server to end, then notify its supervisor on ``rt`` (once per run)."""
     delay = 0.5
     try:
@@ -146,7 +152,7 @@ class AsyncSubAgentMiddleware(Middleware):
                                    extra_middleware=lambda: [CompletionNotifier()])
         self.completion = completion
         self.max_concurrent = max_concurrent
-        self._remotes: dict[str, Any] = {}  # RemoteRuntime per remote subagent
+        self._remotes: dict[str, RemoteRuntime] = {}  # per remote subagent
         self._watched: set[str] = set()  # remote task runs watched from this process
         self.tools = [
             Tool(self.start_async_task, name="start_async_task", description=(
@@ -181,14 +187,15 @@ class AsyncSubAgentMiddleware(Middleware):
         # so the call made again after a crash (its result was not recorded) finds the task it started.
         task_id = str(uuid.uuid5(_TASKS, f"{ctx.thread_id}:{ctx.run_id}:{runtime.tool_call_id}") if local
                       else uuid.uuid4())
-        once = {"_once": True} if local else {}
         with _remote_errors(spec, "start"):
-            run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id, if_not_exists="create", **once,
-                                        metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
-                                                  "tool_call_id": runtime.tool_call_id},
-                                        input={"messages": [HumanMessage(description)],
-                                               **self._parent_context(rt, ctx, spec, task_id),
-                                               **self._shared_files(runtime, spec)})
+            run = await _first_run(home, task_id) if local else None  # the call made again after a crash
+            if run is None:
+                run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id, if_not_exists="create",
+                                            metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
+                                                      "tool_call_id": runtime.tool_call_id},
+                                            input={"messages": [HumanMessage(description)],
+                                                   **self._parent_context(rt, ctx, spec, task_id),
+                                                   **self._shared_files(runtime, spec)})
         now = now_iso()
         task = {"task_id": task_id, "subagent": spec.name, "description": description, "status": "pending",
                 "run_id": run["run_id"], "tool_call_id": runtime.tool_call_id, "created_at": now, "updated_at": now}
@@ -196,7 +203,8 @@ class AsyncSubAgentMiddleware(Middleware):
             task["url"] = spec.url
         ctx.emit("task", {**task})
         return ToolResult(f"Started task {task_id} ({spec.name}) in the background. Its result will arrive as a "
-                          "message; keep working or answer the user meanwhile.", update={"async_tasks": {task_id: task}})
+                          "message; keep working or answer the user meanwhile.",
+                          update={"async_tasks": {task_id: task}})
 
     async def check_async_task(self, task_id: str, runtime: ToolRuntime) -> ToolResult:
         """A background task's status and, once it has finished, its full result.
@@ -229,7 +237,7 @@ class AsyncSubAgentMiddleware(Middleware):
         home = self._home(rt, spec.name)
         with _remote_errors(spec, "update"):
             status, thread = await _status_and_thread(home, task)
-            if status == "waiting":
+            if status == "waiting" and thread is not None:
                 run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id,
                                             command={"resume": resume_value(message, _questions(thread))})
             else:
@@ -324,28 +332,31 @@ class AsyncSubAgentMiddleware(Middleware):
 
     # -- helpers ---------------------------------------------------------------
 
-    async def _start_run(self, home: Any, ctx: RunContext, spec: SubAgent, task_id: str, tool_call_id: str,
+    async def _start_run(self, home: Runtime, ctx: RunContext, spec: SubAgent, task_id: str, tool_call_id: str,
                          **kwargs: Any) -> dict[str, Any]:
         """A run of the subagent on its task thread, its events shown in the supervisor's stream.
 
         On a remote subagent's server the run is that server's to schedule and stream; unless
         the subagent can report back to this runtime's URL, it is watched from here.
         """
+        host = ctx.runtime
+        if host is None:
+            raise ToolError("background tasks need a runtime")
         if spec.url is not None:
             run = await home.runs.create(task_id, spec.graph_id or spec.name, **kwargs)
-            if ctx.runtime.public_url is None:
-                self._watch(ctx.runtime, home, spec, task_id, run["run_id"], ctx)
+            if host.public_url is None:
+                self._watch(host, home, spec, task_id, run["run_id"], ctx)
             return run
-        graph_id = home.graph_id_for_agent(self.delegates.agent(spec))
-        run = await home.runs.create(task_id, graph_id, timeout=spec.timeout,
+        graph_id = host.graph_id_for_agent(self.delegates.agent(spec))
+        run = await host.runs.create(task_id, graph_id, timeout=spec.timeout,
                                      concurrency_key=f"tasks:{ctx.thread_id}", concurrency_limit=self.max_concurrent,
                                      **kwargs)
-        stream = home.stream_of(run["run_id"])
-        if stream is not None and ctx.bus is not None and ctx.bus.listeners:
-            forward_events(stream.bus, ctx, f"{spec.name}:{tool_call_id}", tool_call_id)
+        events = host.run_events(run["run_id"])
+        if events is not None and ctx.bus is not None and ctx.bus.listeners:
+            forward_events(events, ctx, f"{spec.name}:{tool_call_id}", tool_call_id)
         return run
 
-    def _home(self, rt: Any, subagent: str) -> Any:
+    def _home(self, rt: HostRuntime, subagent: str) -> Runtime:
         """The runtime a subagent's tasks run on: this one, or its own server's."""
         spec = self.delegates.spec(subagent)
         if spec.url is None:
@@ -357,7 +368,7 @@ class AsyncSubAgentMiddleware(Middleware):
         return self._remotes[spec.name]
 
     @staticmethod
-    def _parent_context(rt: Any, ctx: RunContext, spec: SubAgent, task_id: str) -> dict[str, Any]:
+    def _parent_context(rt: HostRuntime, ctx: RunContext, spec: SubAgent, task_id: str) -> dict[str, Any]:
         """What the task's input says about its supervisor, so its notifier can report back.
 
         A remote task gets it only if this runtime has a URL to call back; otherwise it is watched.
@@ -386,21 +397,22 @@ class AsyncSubAgentMiddleware(Middleware):
             return {}
         return files_written_since((thread.get("values") or {}).get(FILES_KEY), ours, task["created_at"])
 
-    def _watch(self, rt: Any, home: Any, spec: SubAgent, task_id: str, run_id: str, ctx: RunContext) -> None:
+    def _watch(self, rt: HostRuntime, home: Runtime, spec: SubAgent, task_id: str, run_id: str,
+               ctx: RunContext) -> None:
         """Notify the supervisor when a remote run ends (for a runtime that other servers cannot call)."""
         key = f"{task_id}:{run_id}"
-        if key not in self._watched:
+        if key not in self._watched and ctx.thread_id is not None:  # without a thread there is no one to tell
             self._watched.add(key)
             rt.spawn(watch_remote_run(rt, home, spec.name, task_id, run_id, ctx.thread_id,
                                       ctx.metadata.get("graph_id"), done=lambda: self._watched.discard(key)))
 
-    async def _still_active(self, rt: Any, task: Mapping[str, Any]) -> bool:
+    async def _still_active(self, rt: HostRuntime, task: Mapping[str, Any]) -> bool:
         try:
             return await task_status(self._home(rt, task["subagent"]), task) in _ACTIVE
         except RemoteError:
             return True  # unreachable for now: keep waiting for it
 
-    def runtime_agents(self) -> list[Any]:
+    def runtime_agents(self) -> list[Agent]:
         """The agents whose runs this middleware starts on the runtime (registered with the supervisor)."""
         return [self.delegates.agent(s) for s in self.delegates.specs.values() if s.url is None]
 
@@ -443,7 +455,7 @@ def _remote_errors(spec: SubAgent, action: str) -> Iterator[None]:
         raise ToolError(f"could not {action} the {spec.name!r} task on {spec.url}: {exc}") from exc
 
 
-def _runtime_of(runtime: ToolRuntime) -> tuple[RunContext, Any]:
+def _runtime_of(runtime: ToolRuntime) -> tuple[RunContext, HostRuntime]:
     ctx = runtime.ctx
     if ctx is None or ctx.runtime is None or ctx.thread_id is None:
         raise ToolError("background tasks need a runtime: run the supervisor on a thread of a LocalRuntime "
@@ -463,6 +475,15 @@ async def _coalesce(inbox: Inbox) -> None:
         if now == waiting:
             return
         waiting = now
+
+
+async def _first_run(rt: Runtime, task_id: str) -> dict[str, Any] | None:
+    """The first run on a task's thread, if the thread exists: the task a tool call started before."""
+    try:
+        runs = await rt.runs.list(task_id, limit=1_000_000)
+    except NotFoundError:
+        return None
+    return runs[-1] if runs else None
 
 
 def _tracked(runtime: ToolRuntime, task_id: str) -> dict[str, Any]:

@@ -489,15 +489,16 @@ class Chat:
             self.console.print(f"[yellow]/cancel needs the id of one task of this thread (known: {known})[/]")
             return
         row = matches[0]
-        if row.status not in ("pending", "running"):
-            self.console.print(f"[dim]task {row.task_id[:8]} already ended: {row.status}[/]")
+        task_id = row.task_id or arg  # find() matched the row by its task id
+        if row.run_id is None or row.status not in ("pending", "running"):
+            self.console.print(f"[dim]task {task_id[:8]} already ended: {row.status}[/]")
             return
         try:
-            await self.rt.runs.cancel(row.task_id, row.run_id, wait=True)
+            await self.rt.runs.cancel(task_id, row.run_id, wait=True)
         except NotFoundError:
             pass  # it finished meanwhile
         await self.board.refresh(self.rt)
-        self.console.print(f"[dim]task {row.task_id[:8]} ({row.subagent}): {row.status}[/]")
+        self.console.print(f"[dim]task {task_id[:8]} ({row.subagent}): {row.status}[/]")
 
     async def _cmd_model(self, arg: str) -> None:
         if not arg:

@@ -65,7 +65,8 @@ async def run_demo(prompt: str, model: str | None, store: str, console: Console)
     from backchannel.runtime import LocalRuntime
 
     agent = build_demo(model)
-    label = f"model: {model}" if model else "offline scripted model (no model configured; pass --model to use a real one)"
+    label = (f"model: {model}" if model
+             else "offline scripted model (no model configured; pass --model to use a real one)")
     console.print(Panel(f"[bold]backchannel demo[/] — a supervisor with researcher and analyst subagents in the "
                         f"background\n[dim]{escape(label)} · state: {escape(store)}[/]", border_style="blue"))
     async with LocalRuntime(store, agents={"supervisor": agent}) as rt:
@@ -237,13 +238,14 @@ def run_demo_web(prompt: str, model: str | None, store: str, port: int, open_bro
     url = f"http://127.0.0.1:{port}/"
     console.print(Panel(f"[bold]backchannel demo[/] — open [bold]{url}[/] in a browser (Ctrl+C stops it)\n"
                         f"[dim]{escape(page.model_label)} · state: {escape(store)}[/]", border_style="blue"))
-    opener = None
-    if open_browser and _has_browser():
+
+    def open_page() -> None:
         import webbrowser
 
-        opener = lambda: webbrowser.open(url)  # noqa: E731
+        webbrowser.open(url)
+
     serve({"supervisor": build_demo(model)}, port=port, database=store, demo_page=page, log_level="warning",
-          on_ready=opener)
+          on_ready=open_page if open_browser and _has_browser() else None)
     return 0
 
 

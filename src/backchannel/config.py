@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from backchannel._imports import import_object
 from backchannel.agent import Agent
-from backchannel.errors import BackchannelError
+from backchannel.errors import ConfigError
 from backchannel.messages import AIMessage
 from backchannel.middleware import Middleware, ModelHandler
 from backchannel.models import _PROVIDERS, init_model
@@ -56,10 +56,6 @@ __all__ = ["ChatConfig", "ConfigError", "MCPServerConfig", "ModelChoice", "Subag
            "config_path", "load_config", "load_model", "resolve_model"]
 
 _NAME = r"^[A-Za-z0-9_-]+$"
-
-
-class ConfigError(BackchannelError):
-    """The configuration file cannot be used; the message names the file and the key."""
 
 
 class SubagentConfig(BaseModel):

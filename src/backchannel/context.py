@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol
 
 from backchannel.events import Event, EventBus
 from backchannel.messages import AnyMessage
+from backchannel.protocols import HostRuntime, StoreAPI
 from backchannel.tracing import RunSpan, Trace
 
 __all__ = ["CallingTool", "Inbox", "RunContext", "StepRecorder", "current_tool_call", "forward_events"]
@@ -53,13 +54,13 @@ class RunContext:
     namespace: tuple[str, ...] = ()
     bus: EventBus | None = None
     context: Any = None
-    store: Any = None
+    store: StoreAPI | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     recorder: StepRecorder | None = None
     inbox: Inbox | None = None
     resume: dict[str, Any] = field(default_factory=dict)
     pending_tools: dict[str, Any] = field(default_factory=dict)
-    runtime: Any = None
+    runtime: HostRuntime | None = None  # the runtime the run executes in
     parent: RunContext | None = None
     deadline: float | None = None  # event-loop time by which the run must end (it then times out)
     max_iterations: int | None = None  # this run's limit of model calls, instead of the agent's

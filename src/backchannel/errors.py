@@ -1,4 +1,26 @@
-"""The errors backchannel raises, one type per thing that can go wrong."""
+"""The errors backchannel raises, one type per thing that can go wrong, all under :class:`BackchannelError`.
+
+The tree, with the HTTP status a server answers each with (``backchannel.server``)
+and the status a ``RemoteRuntime`` turns back into the same class::
+
+    BackchannelError
+    ├── MaxIterationsError        a run made more model calls than its agent allows
+    ├── MiddlewareError           a middleware hook raised (names the middleware and the hook)
+    ├── ModelError                the model could not produce a reply
+    ├── ToolError                 raised by a tool: the model gets the message as an error result
+    ├── ToolArgumentsError        the model's arguments for a tool do not match its schema (also a ValueError)
+    ├── NotFoundError             no such thread, run, assistant, checkpoint or item (404; also a LookupError)
+    ├── ConflictError             the request conflicts with the current state, e.g. a busy thread (409)
+    ├── InvalidRequestError       bad arguments, a bad resume value, an option not supported (422; a ValueError)
+    ├── AuthenticationError       a server refused the credentials (401, 403)
+    ├── RemoteError               another server was unreachable, timed out or failed (5xx): worth retrying
+    ├── SchemaVersionError        the database was migrated by a newer backchannel
+    ├── HandoffError              a handoff could not be proposed or decided
+    └── ConfigError               the configuration file cannot be used (names the file and the key)
+
+Errors of the caller's own making that Python already names stay Python's:
+a misspelt keyword argument is a :class:`TypeError`, as in ``langgraph_sdk``.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +29,18 @@ from typing import Any
 __all__ = [
     "AuthenticationError",
     "BackchannelError",
+    "ConfigError",
     "ConflictError",
+    "HandoffError",
     "InvalidRequestError",
     "MaxIterationsError",
     "MiddlewareError",
     "ModelError",
     "NotFoundError",
     "RemoteError",
-    "RunCancelled",
     "SchemaVersionError",
+    "ToolArgumentsError",
+    "ToolError",
 ]
 
 
@@ -46,8 +71,12 @@ class ModelError(BackchannelError):
     """The model could not produce a reply (provider error, bad response)."""
 
 
-class RunCancelled(BackchannelError):
-    """A run was cancelled before it finished."""
+class ToolError(BackchannelError):
+    """Raise from a tool to answer the model with this message as an error result, verbatim."""
+
+
+class ToolArgumentsError(BackchannelError, ValueError):
+    """The model's arguments for a tool do not match its schema."""
 
 
 class NotFoundError(BackchannelError, LookupError):
@@ -59,15 +88,11 @@ class ConflictError(BackchannelError):
 
 
 class InvalidRequestError(BackchannelError, ValueError):
-    """The request is malformed: bad arguments, a bad resume value (HTTP 422)."""
+    """The request is malformed: bad arguments, a bad resume value, an option not supported (HTTP 422)."""
 
     def __init__(self, message: str, *, detail: Any = None) -> None:
         super().__init__(message)
         self.detail = detail
-
-
-class SchemaVersionError(BackchannelError):
-    """The database was migrated by a newer backchannel than this one."""
 
 
 class AuthenticationError(BackchannelError):
@@ -80,3 +105,15 @@ class RemoteError(BackchannelError):
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class SchemaVersionError(BackchannelError):
+    """The database was migrated by a newer backchannel than this one."""
+
+
+class HandoffError(BackchannelError):
+    """A handoff could not be proposed or decided (nothing to summarise, no handoff waiting, ...)."""
+
+
+class ConfigError(BackchannelError):
+    """The configuration file cannot be used; the message names the file and the key."""

@@ -43,14 +43,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from backchannel.errors import BackchannelError
+from backchannel._clock import now_iso
+from backchannel.errors import HandoffError
 from backchannel.hitl import check_resume, decision_args
 from backchannel.interrupts import interrupt
 from backchannel.memory import MemoryFile, write_atomic
 from backchannel.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from backchannel.middleware import Middleware
 from backchannel.models import init_model
-from backchannel.runtime.storage import now_iso
 from backchannel.summarization import CHARS_PER_TOKEN, ask_for_summary, message_tokens
 
 __all__ = [
@@ -107,10 +107,6 @@ _EDIT_SCHEMA = {"type": "object", "additionalProperties": False,
 _CHILD_IDS = uuid.UUID("0b2c7d1e-5f4a-4c8e-9d3b-6a1f2e7c9b40")
 
 logger = logging.getLogger("backchannel.handoff")
-
-
-class HandoffError(BackchannelError):
-    """A handoff could not be proposed or decided (nothing to summarise, no handoff waiting, ...)."""
 
 
 # -- 1. selecting messages --------------------------------------------------------------------

@@ -160,7 +160,8 @@ def _check_decision(decision: Any, review: Mapping[str, Any]) -> None:
         raise InvalidRequestError(f"a 'reject' decision's 'message' must be a string, got {decision!r}")
 
 
-_JSON_TYPES = {"string": str, "object": Mapping, "array": list, "boolean": bool, "integer": int, "number": (int, float)}
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {"string": str, "object": Mapping, "array": list, "boolean": bool,
+                                                   "integer": int, "number": (int, float)}
 
 
 def _check_args(args: Any, schema: Mapping[str, Any], action: str) -> None:

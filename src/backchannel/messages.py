@@ -9,11 +9,11 @@ read back from it, from OpenAI-style ``{"role": "user", ...}`` dicts, from
 
 from __future__ import annotations
 
-import os
-import random
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, TypedDict
+
+from backchannel._ids import new_id
 
 __all__ = [
     "REMOVE_ALL_MESSAGES",
@@ -63,22 +63,6 @@ class Usage(TypedDict, total=False):
     input_tokens: int
     output_tokens: int
     total_tokens: int
-
-
-# A PRNG seeded from the OS (and reseeded in forked children) makes ids 3x faster than uuid4();
-# ids are identifiers, not secrets.
-_random = random.Random()
-os.register_at_fork(after_in_child=_random.seed)
-
-
-def new_id() -> str:
-    """A fresh id in UUID4 form (as LangChain uses for messages)."""
-    h = "%032x" % (_random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET)
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-_UUID4_CLEAR = ~((0xF << 76) | (0x3 << 62))  # the version nibble and the variant bits
-_UUID4_SET = (0x4 << 76) | (0x2 << 62)
 
 
 def text_of(content: Content) -> str:
@@ -212,11 +196,11 @@ def message_to_dict(message: AnyMessage) -> dict[str, Any]:
     return data
 
 
-def message_from_dict(data: dict[str, Any]) -> AnyMessage:
+def message_from_dict(data: dict[str, Any]) -> AnyMessage | RemoveMessage:
     """Read a message from a LangChain dict (``type``) or an OpenAI-style dict (``role``)."""
     kind = data.get("type") or data.get("role")
     if kind == "remove" and data.get("id"):
-        return RemoveMessage(str(data["id"]))  # type: ignore[return-value]
+        return RemoveMessage(str(data["id"]))
     kind = _ROLE_TO_TYPE.get(kind) if isinstance(kind, str) else None
     if kind is None:
         raise ValueError(
@@ -276,7 +260,7 @@ def pending_tool_calls(messages: list[AnyMessage]) -> tuple[AIMessage | None, li
     return None, []
 
 
-def messages_from_input(value: Any) -> list[AnyMessage]:
+def messages_from_input(value: Any) -> list[AnyMessage | RemoveMessage]:
     """Messages from what users pass as input: a message, a dict, a tuple, a string, or a list of them."""
     if isinstance(value, (list, tuple)) and not _is_role_tuple(value):
         return [_one_message(v) for v in value]
@@ -287,7 +271,7 @@ def _is_role_tuple(value: Any) -> bool:
     return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, str) for v in value)
 
 
-def _one_message(value: Any) -> AnyMessage:
+def _one_message(value: Any) -> AnyMessage | RemoveMessage:
     if isinstance(value, (SystemMessage, HumanMessage, AIMessage, ToolMessage, RemoveMessage)):
         return value
     if isinstance(value, str):

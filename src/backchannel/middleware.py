@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from backchannel.messages import AIMessage, ToolCall, ToolMessage
 from backchannel.models.base import ModelRequest
+from backchannel.result import RunResult
 from backchannel.tools import Tool, ToolResult
 
 if TYPE_CHECKING:
-    from backchannel.agent import RunResult
+    from backchannel.agent import Agent
     from backchannel.context import RunContext
 
 __all__ = [
@@ -129,6 +130,10 @@ class Middleware:
     async def on_end(self, state: Mapping[str, Any], ctx: RunContext, result: RunResult) -> None:
         """Once, as the run ends, whatever the outcome (``result.status``): for reporting and cleanup."""
         return None
+
+    def runtime_agents(self) -> Sequence[Agent]:
+        """The agents this middleware runs on its agent's runtime (registered there with its agent)."""
+        return ()
 
 
 def overrides(middleware: Middleware, hook: str) -> bool:

@@ -42,6 +42,7 @@ from backchannel.context import RunContext
 from backchannel.errors import BackchannelError, NotFoundError
 from backchannel.messages import AIMessage, HumanMessage, message_to_dict
 from backchannel.middleware import Middleware
+from backchannel.protocols import HostRuntime
 from backchannel.tracing import trace_context
 
 __all__ = ["CompletionNotifier", "ParentContext", "format_notification", "notification_message"]
@@ -118,40 +119,42 @@ class CompletionNotifier(Middleware):
 
     async def on_end(self, state: Mapping[str, Any], ctx: RunContext, result: RunResult) -> None:
         """When the run ends with a result, an error or a question: deliver one notification."""
-        if ctx.runtime is None or ctx.parent is not None:
+        runtime = ctx.runtime
+        if runtime is None or ctx.parent is not None:
             return
         status, detail = _outcome(result)
         if status is None:
             return
         if state.get("task_id"):  # started by backchannel: the parent context is in the input
             if state.get("parent_thread_id"):
-                await self._notify(state, ctx, notification_message(
+                await self._notify(runtime, state, ctx, notification_message(
                     state["task_id"], ctx.agent, status, detail, ctx.run_id, trace_context()))
         elif ctx.metadata.get("parent_thread_id") and ctx.thread_id is not None:  # started by deepagents
             subagent = ctx.metadata.get("subagent_name") or ctx.agent
-            await self._wake_deepagents_parent(ctx, notification_message(
+            await self._wake_deepagents_parent(runtime, ctx, notification_message(
                 ctx.thread_id, subagent, status, detail, ctx.run_id, trace_context()))
 
-    async def _notify(self, state: Mapping[str, Any], ctx: RunContext, message: HumanMessage) -> None:
+    async def _notify(self, runtime: HostRuntime, state: Mapping[str, Any], ctx: RunContext,
+                      message: HumanMessage) -> None:
         """Deliver once per task run: to this runtime, or through its outbox to the parent's server."""
         parent, task_id = state["parent_thread_id"], state["task_id"]
         key, assistant_id, url = f"{task_id}:{ctx.run_id}", state.get("parent_assistant_id"), state.get("parent_url")
-        if url and url != getattr(ctx.runtime, "public_url", None):
-            await ctx.runtime.outbox.put(key, url=url, thread_id=parent, assistant_id=assistant_id, message=message)
+        if url and url != runtime.public_url:
+            await runtime.deliver_remote(url, parent, message, key=key, assistant_id=assistant_id)
             return
         try:
-            await ctx.runtime.deliver(parent, message, key=key, assistant_id=assistant_id)
+            await runtime.deliver(parent, message, key=key, assistant_id=assistant_id)
         except NotFoundError:  # the supervisor's thread was deleted: nobody is left to tell
             logger.info("task %s ended after its supervisor's thread %s was deleted", task_id, parent)
 
-    async def _wake_deepagents_parent(self, ctx: RunContext, message: HumanMessage) -> None:
+    async def _wake_deepagents_parent(self, runtime: HostRuntime, ctx: RunContext, message: HumanMessage) -> None:
         """Wake a deepagents supervisor as its own subagents do: with a run on its thread, only while the
         thread is idle (a busy one checks its tasks itself), and never raising."""
         parent, assistant_id = ctx.metadata["parent_thread_id"], ctx.metadata.get("parent_assistant_id")
         if self.supervisor_url is None:
             with contextlib.suppress(NotFoundError):  # a supervisor on this runtime, if there is one
-                await ctx.runtime.deliver(parent, message, key=f"{ctx.thread_id}:{ctx.run_id}",
-                                          assistant_id=assistant_id)
+                await runtime.deliver(parent, message, key=f"{ctx.thread_id}:{ctx.run_id}",
+                                      assistant_id=assistant_id)
             return
         from backchannel.runtime.remote import RemoteRuntime
 

@@ -18,12 +18,12 @@ __all__ = ["MessageList", "Reducer", "add_messages", "apply_update", "reducers_o
 Reducer = Callable[[Any, Any], Any]
 
 
-class MessageList(list):  # type: ignore[type-arg]
+class MessageList(list[AnyMessage]):
     """A list of messages that knows where each id is, so replacing by id costs O(1)."""
 
     __slots__ = ("positions", "__weakref__")
 
-    def __init__(self, messages: Iterable[AnyMessage] = ()) -> None:
+    def __init__(self, messages: Iterable[AnyMessage | RemoveMessage] = ()) -> None:
         super().__init__()
         self.positions: dict[str, int] = {}
         for m in messages:

@@ -10,7 +10,7 @@ alike), with its ``name``, ``cause`` (the tool call that started it),
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from backchannel.events import Event, EventBus
@@ -64,7 +64,8 @@ class AgentStream:
     """A run in progress. Iterate it for events; ``subagents`` for per-subagent handles;
     ``await stream.wait()`` (or ``stream.result`` after iterating) for the final state."""
 
-    def __init__(self, start: Callable[[EventBus], Awaitable[dict[str, Any]]], *, values: bool = False) -> None:
+    def __init__(self, start: Callable[[EventBus], Coroutine[Any, Any, dict[str, Any]]], *,
+                 values: bool = False) -> None:
         self.bus = EventBus(wants_values=values)
         self._start = start
         self._task: asyncio.Task[dict[str, Any]] | None = None
@@ -114,7 +115,7 @@ class AgentStream:
         """Run to the end (if nobody iterates) and return the final state."""
         return await asyncio.shield(self._ensure_started())
 
-    async def __aiter__(self) -> AsyncIterator[Event]:
+    async def __aiter__(self) -> AsyncGenerator[Event, None]:
         task = self._ensure_started()
         try:
             while (event := await self._events.get()) is not _DONE:

@@ -99,7 +99,8 @@ def message_tokens(message: AnyMessage) -> float:
 
 def count_tokens_approximately(messages: Sequence[Any]) -> int:
     """About how many tokens ``messages`` (objects or dicts) cost, counted as LangChain's helper does."""
-    return math.ceil(sum(message_tokens(m) for m in messages_from_input(list(messages))))
+    return math.ceil(sum(message_tokens(m) for m in messages_from_input(list(messages))
+                         if not isinstance(m, RemoveMessage)))
 
 
 def render_transcript(messages: Sequence[AnyMessage], *, max_chars_per_message: int | None = None) -> str:
@@ -227,7 +228,7 @@ class SummarizationMiddleware(Middleware):
         return tally.count(messages)
 
 
-def _trim(messages: list[AnyMessage], max_tokens: int | None) -> list[AnyMessage]:
+def _trim(messages: Sequence[AnyMessage], max_tokens: int | None) -> Sequence[AnyMessage]:
     """The most recent messages that fit ``max_tokens``, never starting on an orphaned tool result."""
     if max_tokens is None:
         return messages

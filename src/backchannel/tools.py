@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any, overload
 
 from backchannel._threads import run_in_thread
+from backchannel.errors import ToolArgumentsError, ToolError
 
 __all__ = ["Tool", "ToolArgumentsError", "ToolError", "ToolResult", "ToolRuntime", "tool"]
 
@@ -50,14 +51,6 @@ class ToolResult:
     update: dict[str, Any] | None = None
     return_direct: bool | None = None
     artifact: Any = None
-
-
-class ToolArgumentsError(ValueError):
-    """The model's arguments for a tool do not match its schema."""
-
-
-class ToolError(Exception):
-    """Raise from a tool to answer the model with this message as an error result, verbatim."""
 
 
 _SPHINX_PARAM = re.compile(r"^\s*:param\s+(?:[^:]*\s)?(\w+):\s*(.*)$")

@@ -47,6 +47,7 @@ import time
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from backchannel._version import __version__
 from backchannel.interrupts import GraphInterrupt
 from backchannel.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage, text_of
 from backchannel.usage import add_call, empty_usage
@@ -322,8 +323,6 @@ def _otel() -> _Otel | None:
             return None
     resolved = _Settings.resolved
     if resolved is None or resolved[0] is not provider:
-        from backchannel import __version__
-
         capture = _Settings.capture
         if capture is None:
             setting = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")

@@ -123,7 +123,7 @@ async def test_cancel_wait_returns_once_the_run_has_ended(make_runtime):
     await eventually(lambda: run_status_is(rt, tid, run["run_id"], "running"))
     await rt.runs.cancel(tid, run["run_id"], wait=True)
     assert (await rt.runs.get(tid, run["run_id"]))["status"] == "interrupted"
-    assert not rt._tasks
+    assert not rt.scheduler.executing
 
 
 async def test_cancelling_a_finished_run_is_not_found(rt):

@@ -4,9 +4,10 @@ import sqlite3
 
 import pytest
 
+from backchannel._clock import now_iso
 from backchannel.errors import SchemaVersionError
 from backchannel.runtime import open_storage
-from backchannel.runtime.storage import ThreadRow, now_iso
+from backchannel.runtime.rows import ThreadRow
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -123,7 +124,7 @@ async def test_a_sqlite_file_from_before_versions_takes_version_1_as_is(tmp_path
 
 async def test_sqlite_checkpoints_written_before_version_2_are_kept(tmp_path, monkeypatch):
     from backchannel.runtime import sqlite as module
-    from backchannel.runtime.storage import CheckpointRow
+    from backchannel.runtime.rows import CheckpointRow
 
     url = f"sqlite:///{tmp_path}/state.db"
 

@@ -89,7 +89,7 @@ async def test_messages_tuple_streams_chunks_with_metadata(trt):
     tid, parts = await _stream(trt, "messages-tuple")
     assert {p.event for p in parts[1:]} == {"messages"}
     pairs = _of(parts, "messages")
-    for chunk, meta in pairs:
+    for _chunk, meta in pairs:
         assert meta["thread_id"] == tid and meta["run_id"] == parts[0].data["run_id"]
         assert "langgraph_node" in meta
     chunks = [c for c, m in pairs if c["type"] == "AIMessageChunk"]

@@ -5,8 +5,9 @@ from datetime import UTC
 
 import pytest
 
+from backchannel._clock import now_iso
 from backchannel.runtime import open_storage
-from backchannel.runtime.storage import ThreadRow, now_iso
+from backchannel.runtime.rows import ThreadRow
 
 
 def test_postgres_urls_open_postgres_storage():

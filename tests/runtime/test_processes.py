@@ -68,7 +68,8 @@ WORKER = textwrap.dedent('''
             runs = []
             for thread_id, text in plan:
                 await rt.threads.create(thread_id=thread_id, if_exists="do_nothing")
-                run = await rt.runs.create(thread_id, "agent", input={{"messages": [{{"role": "user", "content": text}}]}},
+                run = await rt.runs.create(thread_id, "agent",
+                                           input={{"messages": [{{"role": "user", "content": text}}]}},
                                            multitask_strategy="enqueue")
                 runs.append(run["run_id"])
             with open(os.path.join(workdir, name + ".json"), "w") as f:
@@ -127,8 +128,8 @@ async def test_a_killed_process_s_runs_finish_on_the_others_once_each_in_order(t
     plans = {name: [(t, f"{name}-{t}-{k}") for k in range(2) for t in threads] for name in names}
     procs = {name: _start(tmp_path, postgres_url, name, plans[name]) for name in names}
     try:
-        await _wait(lambda: all((tmp_path / f"{n}.json").exists() for n in names), 30, "the workers to queue their runs",
-              procs.values())
+        await _wait(lambda: all((tmp_path / f"{n}.json").exists() for n in names), 30,
+                    "the workers to queue their runs", procs.values())
         doomed = procs["w0"]
         await _wait(lambda: sum(pid == doomed.pid and what == "start" for pid, what, *_ in _log(tmp_path)) >= 2, 20,
               "the first worker to be mid-run", procs.values())
@@ -254,7 +255,8 @@ SUPERVISOR_WORKER = textwrap.dedent('''
         async with LocalRuntime(url, agents={{"supervisor": agent}}, heartbeat_interval=0.2, lease={lease}) as rt:
             for thread_id in parents:
                 await rt.threads.create(thread_id=thread_id)
-                await rt.runs.create(thread_id, "supervisor", input={{"messages": [{{"role": "user", "content": "go"}}]}})
+                await rt.runs.create(thread_id, "supervisor",
+                                     input={{"messages": [{{"role": "user", "content": "go"}}]}})
             with open(os.path.join(workdir, name + ".json"), "w") as f:
                 json.dump(parents, f)
             await asyncio.Event().wait()

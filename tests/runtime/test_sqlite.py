@@ -6,10 +6,11 @@ import uuid
 import pytest
 from runtime_helpers import contents, echo_agent, looping_agent, user
 
+from backchannel._clock import now_iso
 from backchannel.runtime import LocalRuntime, open_storage
 from backchannel.runtime.memory import MemoryStorage
+from backchannel.runtime.rows import ThreadRow
 from backchannel.runtime.sqlite import SQLiteStorage
-from backchannel.runtime.storage import ThreadRow, now_iso
 
 
 @pytest.fixture

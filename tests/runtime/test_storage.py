@@ -4,8 +4,10 @@ import uuid
 
 import pytest
 
+from backchannel._clock import now_iso
 from backchannel.messages import HumanMessage
-from backchannel.runtime.storage import CheckpointRow, RunEnd, RunRow, ThreadRow, now_iso, open_storage
+from backchannel.runtime.backends import open_storage
+from backchannel.runtime.rows import CheckpointRow, RunEnd, RunRow, ThreadRow
 
 
 @pytest.fixture
@@ -54,11 +56,11 @@ async def test_claim_runs_one_per_thread_oldest_first_and_not_before_time(storag
     assert all(r.status == "running" for r in claimed)
     # the thread's next run waits while one is running
     assert await storage.claim_runs("w1", 10, now_iso()) == []
-    await storage.update_run(first.run_id, status="success")
+    await storage.finish_run(RunEnd(first.run_id, "t1", "success", "idle", now_iso()))
     assert [r.run_id for r in await storage.claim_runs("w1", 10, now_iso())] == [second.run_id]
     assert [r.run_id for r in await storage.active_runs("t1")] == [second.run_id]
     # the limit is respected
-    await storage.update_run(other.run_id, status="success")
+    await storage.finish_run(RunEnd(other.run_id, "t2", "success", "idle", now_iso()))
     assert await storage.claim_runs("w1", 0, now_iso()) == []
 
 
@@ -99,7 +101,7 @@ async def test_finish_run_leaves_the_thread_busy_while_another_run_waits(storage
     await storage.finish_run(RunEnd(first.run_id, "t1", "success", "idle", now, interrupts=[]))
     assert (await storage.get_thread("t1")).status == "busy"
     assert [r.run_id for r in await storage.active_runs("t1")] == [queued.run_id]
-    await storage.update_run(queued.run_id, status="running")
+    assert [r.run_id for r in await storage.claim_runs("w1", 10, now_iso())] == [queued.run_id]
     await storage.finish_run(RunEnd(queued.run_id, "t1", "success", "idle", now, interrupts=[]))
     assert (await storage.get_thread("t1")).status == "idle"
 

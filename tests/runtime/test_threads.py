@@ -150,7 +150,7 @@ async def test_delete_of_a_busy_thread_stops_its_run(make_runtime):
     await rt.runs.create(thread["thread_id"], "agent", input=user("hi"))
     await asyncio.sleep(0.05)
     await asyncio.wait_for(rt.threads.delete(thread["thread_id"]), 1)
-    assert not rt._tasks  # nothing left running
+    assert not rt.scheduler.executing  # nothing left running
     with pytest.raises(NotFoundError):
         await rt.threads.get(thread["thread_id"])
 

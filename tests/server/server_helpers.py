@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -72,8 +73,9 @@ class ProcessServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ProcessServer:
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        # The child keeps its own copy of the log's descriptor: this process's copy can close at once.
+        with open(self.log, "ab") if self.log else contextlib.nullcontext(subprocess.DEVNULL) as out:
+            self.process = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -90,7 +90,8 @@ async def test_three_servers_share_500_runs_and_survive_losing_one(tmp_path, pos
         for thread in threads:
             runs = list(reversed(await _runs(survivor, thread)))  # oldest first
             submitted_runs = [r for r in runs if "turn" in r["metadata"]]
-            failed = [(r["run_id"], (await storage.get_run(r["run_id"])).error) for r in runs if r["status"] != "success"]
+            failed = [(r["run_id"], (await storage.get_run(r["run_id"])).error) for r in runs
+                      if r["status"] != "success"]
             assert not failed, f"{failed}{_logs(servers)}"
             order = [f"turn {r['metadata']['turn']}" for r in submitted_runs]
             state = await survivor.threads.get_state(thread)
@@ -106,7 +107,8 @@ async def test_three_servers_share_500_runs_and_survive_losing_one(tmp_path, pos
                             if (m.get("additional_kwargs") or {}).get("task_notification"))
             if notes != Counter(tasks.keys()):
                 missing = list(Counter(tasks.keys()) - notes)
-                inbox = await _sql(storage, "SELECT key, delivered, created_at FROM inbox WHERE thread_id = %s", (thread,))
+                inbox = await _sql(storage, "SELECT key, delivered, created_at FROM inbox WHERE thread_id = %s",
+                                   (thread,))
                 child_runs = [await _sql(storage, "SELECT run_id, status, worker_id, updated_at FROM runs "
                                                   "WHERE thread_id = %s", (t,)) for t in missing]
                 parent_runs = await _sql(storage, "SELECT run_id, status, worker_id, kwargs, updated_at FROM runs "

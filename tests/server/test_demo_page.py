@@ -32,7 +32,8 @@ LATENCY = 0.25  # the scripted models' time per reply: quick, yet each status la
 def demo_server(tmp_path: Path, agent: Any = None, *, page: DemoPage | None = None,
                 api_key: str | None = None) -> Iterator[ThreadServer]:
     """A real server on loopback for ``agent`` (the offline demo by default) with the demo page."""
-    runtime = LocalRuntime(f"sqlite:///{tmp_path / 'demo.db'}", {"supervisor": served(agent or build_demo(latency=LATENCY))})
+    runtime = LocalRuntime(f"sqlite:///{tmp_path / 'demo.db'}",
+                           {"supervisor": served(agent or build_demo(latency=LATENCY))})
     app = create_app(runtime, api_key=api_key, heartbeat=0.5, grace=1.0,
                      demo_page=page or DemoPage())
     with ThreadServer(app) as live:
@@ -97,7 +98,8 @@ def _wait_for_server(url: str, process: subprocess.Popen[str]) -> None:
 @pytest.mark.parametrize("command", [["demo", "--web", "--no-browser", "--store"], ["serve", "--demo", "--database"]])
 def test_the_commands_serve_the_page_with_the_demo_supervisor(tmp_path, command):
     port = free_port()
-    args = [sys.executable, "-m", "backchannel.cli", *command, f"sqlite:///{tmp_path / 'state.db'}", "--port", str(port)]
+    args = [sys.executable, "-m", "backchannel.cli", *command, f"sqlite:///{tmp_path / 'state.db'}",
+            "--port", str(port)]
     env = {k: v for k, v in os.environ.items() if k not in ("BACKCHANNEL_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**env, "COLUMNS": "200"})
@@ -199,6 +201,11 @@ def chat_texts(browser: Any, selector: str) -> list[str]:
         f"return [...document.querySelectorAll({selector!r})].map((e) => e.textContent);")
 
 
+def _said(browser: Any, text: str) -> bool:
+    """Whether an AI message on the page contains ``text``."""
+    return any(text in t for t in chat_texts(browser, ".msg.ai .text"))
+
+
 def no_console_errors(browser: Any) -> None:
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, errors
@@ -266,7 +273,7 @@ def test_the_seed_001_demo_in_a_browser(browser, tmp_path):
         browser.refresh()
         wait_for(browser, lambda: len(cards(browser)) == 3 and all(c["status"] == "complete" for c in cards(browser)),
                  what="the cards should come back after a reload")
-        wait_for(browser, lambda: any("the verdict is Michael Jordan" in t for t in chat_texts(browser, ".msg.ai .text")),
+        wait_for(browser, lambda: _said(browser, "the verdict is Michael Jordan"),
                  what="the conversation should come back after a reload")
         assert chat_texts(browser, ".msg.user .text") == [DEFAULT_PROMPT]
         no_console_errors(browser)
@@ -280,7 +287,7 @@ def test_results_that_wake_an_idle_supervisor_show_up_too(browser, tmp_path):
         open_page(browser, f"{live.url}/")
         browser.find_element(By.ID, "suggestion").click()  # the suggested prompt, in one click
         watch_cards(browser, 3, "complete")
-        wait_for(browser, lambda: any("the verdict is Michael Jordan" in t for t in chat_texts(browser, ".msg.ai .text")),
+        wait_for(browser, lambda: _said(browser, "the verdict is Michael Jordan"),
                  what="the synthesis of a wake-up run should arrive")
         thread_id = browser.current_url.split("#thread=")[1]
         runs = httpx.get(f"{live.url}/threads/{thread_id}/runs", params={"limit": 20}).json()
@@ -328,7 +335,7 @@ def test_the_page_asks_for_the_api_key_a_server_wants(browser, tmp_path):
         alert.send_keys("s3cret")
         alert.accept()
         watch_cards(browser, 3, "complete")
-        wait_for(browser, lambda: any("the verdict is Michael Jordan" in t for t in chat_texts(browser, ".msg.ai .text")),
+        wait_for(browser, lambda: _said(browser, "the verdict is Michael Jordan"),
                  what="the run should go through with the key")
 
 
@@ -348,7 +355,7 @@ def test_a_new_conversation_leaves_the_running_one_to_the_server(browser, tmp_pa
         watch_cards(browser, 3, "complete")
         second = browser.current_url.split("#thread=")[1]
         assert second != first and len(cards(browser)) == 3
-        wait_for(browser, lambda: any("the verdict is Michael Jordan" in t for t in chat_texts(browser, ".msg.ai .text")),
+        wait_for(browser, lambda: _said(browser, "the verdict is Michael Jordan"),
                  what="the new conversation's synthesis")
         # The first conversation's run was not cancelled: it finished on the server.
         deadline = time.monotonic() + 20

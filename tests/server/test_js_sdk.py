@@ -1,4 +1,5 @@
-"""The official LangGraph JavaScript SDK (``@langchain/langgraph-sdk`` from npm), driven by Node: every call it makes."""
+"""The official LangGraph JavaScript SDK (``@langchain/langgraph-sdk`` from npm), driven by Node: every call
+it makes."""
 
 from __future__ import annotations
 

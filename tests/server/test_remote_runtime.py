@@ -96,3 +96,47 @@ async def test_api_keys(monkeypatch):
         monkeypatch.setenv("BACKCHANNEL_API_KEY", "k3y")  # the default, like the server's
         async with RemoteRuntime(live.url) as keyed:
             assert (await keyed.threads.create())["status"] == "idle"
+
+
+async def test_arguments_are_langgraph_sdks_a_misspelt_one_is_a_type_error():
+    # Refused before any request is made: there is no server at this address.
+    async with RemoteRuntime(f"http://127.0.0.1:{free_port()}", api_key=None) as rt:
+        with pytest.raises(TypeError, match="'inptu'"):
+            await rt.runs.wait("t", "calc", inptu={"messages": []})
+        with pytest.raises(TypeError, match="'inptu'"):
+            await rt.runs.create("t", "calc", inptu={"messages": []})
+        with pytest.raises(TypeError, match="'strem_mode'"):
+            rt.runs.stream("t", "calc", strem_mode="updates")
+        with pytest.raises(TypeError, match="limt"):
+            await rt.runs.list("t", limt=1)  # type: ignore[call-arg]
+
+
+async def test_per_call_headers_and_on_run_created(remote, server):
+    thread = await remote.threads.create(headers={"x-request-id": "abc"})
+    tid = thread["thread_id"]
+    created: list[dict] = []
+    run = await remote.runs.create(tid, "calc", input="2 + 3?", on_run_created=created.append,
+                                   headers={"x-request-id": "abc"})
+    await remote.runs.join(tid, run["run_id"])
+    await remote.runs.wait(tid, "calc", input="2 + 3?", on_run_created=created.append)
+    [p async for p in remote.runs.stream(tid, "calc", input="2 + 3?", on_run_created=created.append)]
+    runs = [r["run_id"] for r in reversed(await remote.runs.list(tid))]
+    assert created == [{"run_id": r, "thread_id": tid} for r in runs]
+
+
+async def test_per_call_headers_and_params_go_with_the_request():
+    import httpx
+
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"thread_id": "t1"})
+
+    async with RemoteRuntime("http://server", api_key="key", headers={"x-app": "a"},
+                             transport=httpx.MockTransport(answer)) as rt:
+        await rt.threads.get("t1", headers={"x-request-id": "abc"}, params={"trace": "1"})
+    [request] = seen
+    assert (request.headers["x-request-id"], request.headers["x-app"], request.headers["x-api-key"]) == \
+        ("abc", "a", "key")
+    assert request.url.params["trace"] == "1"

@@ -246,13 +246,13 @@ async def test_disconnecting_cancels_only_when_asked(server, client):
     thread = await client.threads.create()
     runs = {}
     for mode in ("cancel", "continue"):
-        async with httpx.AsyncClient(base_url=server.url) as http:
-            async with http.stream("POST", f"/threads/{thread['thread_id']}/runs/stream", json={
-                    "assistant_id": "slow", "input": user(mode), "on_disconnect": mode}) as r:
-                async for line in r.aiter_lines():
-                    if line.startswith("data: "):
-                        runs[mode] = __import__("json").loads(line[6:])["run_id"]
-                        break
+        async with httpx.AsyncClient(base_url=server.url) as http, http.stream(
+                "POST", f"/threads/{thread['thread_id']}/runs/stream",
+                json={"assistant_id": "slow", "input": user(mode), "on_disconnect": mode}) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    runs[mode] = __import__("json").loads(line[6:])["run_id"]
+                    break
         if mode == "cancel":
             await until_status(client, thread["thread_id"], runs[mode], "interrupted", timeout=2)
     assert (await client.runs.join(thread["thread_id"], runs["continue"]))["messages"][-1]["content"] == \

@@ -132,7 +132,7 @@ class Accumulator:
             call[0] = call[0] or delta.id
             call[1] = call[1] or delta.name
             call[2].append(delta.args)
-        else:
+        elif isinstance(delta, FinishDelta):
             self.finish = delta
 
     def message(self) -> AIMessage:

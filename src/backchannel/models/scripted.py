@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeAlias
 
 from backchannel.errors import ModelError
-from backchannel.messages import AIMessage, new_id
+from backchannel.messages import AIMessage, ToolCall, new_id
 from backchannel.models.base import ChatModel, FinishDelta, ModelDelta, ModelRequest, TextDelta, ToolCallDelta
 
 __all__ = ["ScriptedModel", "ScriptItem"]
@@ -63,7 +63,7 @@ class ScriptedModel(ChatModel):
             return AIMessage(item.content, list(item.tool_calls), list(item.invalid_tool_calls),
                              item.usage_metadata, dict(item.response_metadata))
         if isinstance(item, dict):
-            calls = [
+            calls: list[ToolCall] = [
                 {"name": c["name"], "args": c.get("args", {}), "id": c.get("id") or f"call_{self.calls}_{i}",
                  "type": "tool_call"}
                 for i, c in enumerate(item.get("tool_calls", ()))

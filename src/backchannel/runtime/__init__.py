@@ -1,8 +1,10 @@
 """The runtime: threads, runs, checkpoints and a store, with the LangGraph SDK client's surface."""
 
-from backchannel.runtime.local import DEFAULT_STORE, LocalRuntime, assistant_id_for
+from backchannel._ids import assistant_id_for
+from backchannel.runtime.backends import DEFAULT_STORE, open_storage
+from backchannel.runtime.local import LocalRuntime
 from backchannel.runtime.modes import STREAM_MODES, StreamPart
-from backchannel.runtime.storage import Storage, open_storage
+from backchannel.runtime.storage import Storage
 
 __all__ = ["DEFAULT_STORE", "STREAM_MODES", "LocalRuntime", "Storage", "StreamPart", "assistant_id_for",
            "open_storage"]

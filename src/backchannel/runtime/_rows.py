@@ -10,16 +10,20 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from backchannel.runtime.storage import CheckpointRow, ItemRow, RunRow, ThreadRow
+from backchannel.messages import AnyMessage, RemoveMessage, message_from_dict
+from backchannel.runtime.rows import CheckpointRow, ItemRow, RunRow, ThreadRow, ThreadStatus
 from backchannel.serde import dumps, json_text
 
-__all__ = ["SEP", "THREAD_TABLES", "LazyDelta", "checkpoint_chain", "checkpoint_row", "checkpoint_values", "dump",
-           "field_values", "item_row", "matching_namespaces", "run_row", "run_values", "thread_row",
-           "thread_values"]
+__all__ = ["SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "LazyDelta", "checkpoint_chain", "checkpoint_row",
+           "checkpoint_values", "dump", "inbox_message", "item_row", "matching_namespaces", "run_row", "run_values",
+           "thread_changes", "thread_row", "thread_values"]
 
 SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
-_JSON_FIELDS = frozenset({"metadata", "kwargs", "interrupts", "error"})  # row fields stored as JSON text
 THREAD_TABLES = ("runs", "checkpoints", "pending_writes", "inbox")  # what else a thread owns, by thread_id
+# What SQL sorts threads by for each sortable name: a column, or when the state last changed (the
+# newest checkpoint's time; the thread's own for a thread without one).
+THREAD_SORT_SQL = {"state_updated_at": "coalesce((SELECT c.created_at FROM checkpoints c WHERE c.thread_id = "
+                                       "threads.thread_id ORDER BY c.seq DESC LIMIT 1), threads.updated_at)"}
 
 
 _FALLBACK = json.JSONEncoder(separators=(",", ":"), default=str)  # one for all calls: json.dumps makes one each
@@ -46,9 +50,19 @@ def checkpoint_values(row: CheckpointRow) -> tuple[Any, ...]:
             dump(row.metadata), row.created_at)
 
 
-def field_values(fields: Mapping[str, Any]) -> list[Any]:
-    """The parameters of an update of ``fields``: JSON fields as text."""
-    return [dump(v) if name in _JSON_FIELDS and v is not None else v for name, v in fields.items()]
+def thread_changes(*, status: ThreadStatus | None, metadata: dict[str, Any] | None,
+                   interrupts: list[dict[str, Any]] | None, updated_at: str | None) -> dict[str, Any]:
+    """The columns an update of a thread sets (those given), with their parameters (JSON as text)."""
+    changes: dict[str, Any] = {}
+    if status is not None:
+        changes["status"] = status
+    if metadata is not None:
+        changes["metadata"] = dump(metadata)
+    if interrupts is not None:
+        changes["interrupts"] = dump(interrupts)
+    if updated_at is not None:
+        changes["updated_at"] = updated_at
+    return changes
 
 
 def thread_row(row: tuple[Any, ...]) -> ThreadRow:
@@ -83,6 +97,14 @@ class LazyDelta(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._parsed())
+
+
+def inbox_message(text: str) -> AnyMessage:
+    """A message stored in a thread's inbox (only messages go there, never removals)."""
+    message = message_from_dict(json.loads(text))
+    if isinstance(message, RemoveMessage):
+        raise ValueError(f"an inbox holds messages, not a removal: {text[:200]}")
+    return message
 
 
 def checkpoint_row(row: tuple[Any, ...]) -> CheckpointRow:

@@ -14,9 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from backchannel._clock import now_iso
+from backchannel.errors import NotFoundError
 from backchannel.events import Event, EventBus
 from backchannel.messages import new_id
-from backchannel.runtime.storage import CheckpointRow, Storage, now_iso
+from backchannel.runtime.rows import CheckpointRow
+from backchannel.runtime.storage import CheckpointStorage
 from backchannel.serde import to_jsonable
 from backchannel.state import MessageList, Reducer, apply_update
 
@@ -49,7 +52,7 @@ def empty_state() -> dict[str, Any]:
 class Checkpointer:
     """Reads and writes checkpoints through a storage backend, caching each thread's newest state."""
 
-    def __init__(self, storage: Storage, *, cache_size: int = IDLE_STATES_KEPT) -> None:
+    def __init__(self, storage: CheckpointStorage, *, cache_size: int = IDLE_STATES_KEPT) -> None:
         self.storage = storage
         self.cache_size = cache_size
         self._latest: OrderedDict[str, ThreadState] = OrderedDict()
@@ -70,8 +73,6 @@ class Checkpointer:
         """The thread's state at ``checkpoint_id`` (a fresh copy, folded from the deltas)."""
         chain = await self.storage.checkpoint_chain(thread_id, checkpoint_id)
         if not chain:
-            from backchannel.errors import NotFoundError
-
             raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
         values = empty_state()
         for row in chain:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backchannel.messages import AnyMessage, HumanMessage, messages_from_input
-from backchannel.runtime.storage import Storage
+from backchannel.runtime.storage import InboxStorage
 
 __all__ = ["ThreadInbox", "notification_in"]
 
@@ -43,7 +43,7 @@ def notification_in(value: Any) -> HumanMessage | None:
 class ThreadInbox:
     """The :class:`~backchannel.context.Inbox` of one active run."""
 
-    def __init__(self, storage: Storage, thread_id: str, waiting: Sequence[tuple[str, AnyMessage]] = ()) -> None:
+    def __init__(self, storage: InboxStorage, thread_id: str, waiting: Sequence[tuple[str, AnyMessage]] = ()) -> None:
         self.storage = storage
         self.thread_id = thread_id
         self._messages: dict[str, AnyMessage] = dict(waiting)

@@ -14,13 +14,24 @@ from dataclasses import fields, replace
 from typing import Any
 
 from backchannel.messages import AnyMessage
-from backchannel.runtime.storage import CheckpointRow, ItemRow, RunEnd, RunRow, Storage, ThreadRow, thread_order
+from backchannel.runtime.rows import (
+    ACTIVE,
+    CancelAction,
+    CheckpointRow,
+    ItemRow,
+    RunEnd,
+    RunRow,
+    RunStatus,
+    ThreadRow,
+    ThreadStatus,
+    thread_order,
+)
+from backchannel.runtime.storage import Storage, pick_claims
 
 __all__ = ["MemoryStorage"]
 
 _FIELDS = {cls: operator.attrgetter(*(f.name for f in fields(cls))) for cls in (ThreadRow, RunRow, CheckpointRow,
                                                                                    ItemRow)}
-_ACTIVE = ("pending", "running")
 
 
 def _copy(row: Any) -> Any:
@@ -64,11 +75,20 @@ class MemoryStorage(Storage):
         row = self._threads.get(thread_id)
         return _copy(row) if row else None
 
-    async def update_thread(self, thread_id: str, **fields: Any) -> None:
+    async def update_thread(self, thread_id: str, *, status: ThreadStatus | None = None,
+                            metadata: dict[str, Any] | None = None, interrupts: list[dict[str, Any]] | None = None,
+                            updated_at: str | None = None) -> None:
         row = self._threads.get(thread_id)
-        if row is not None:
-            for name, value in fields.items():
-                setattr(row, name, value)
+        if row is None:
+            return
+        if status is not None:
+            row.status = status
+        if metadata is not None:
+            row.metadata = metadata
+        if interrupts is not None:
+            row.interrupts = interrupts
+        if updated_at is not None:
+            row.updated_at = updated_at
 
     async def delete_thread(self, thread_id: str) -> bool:
         for run_id in list(self._runs_of.get(thread_id, ())):
@@ -77,13 +97,13 @@ class MemoryStorage(Storage):
             table.pop(thread_id, None)
         return self._threads.pop(thread_id, None) is not None
 
-    def _matching_threads(self, metadata: dict[str, Any] | None, status: str | None,
+    def _matching_threads(self, metadata: dict[str, Any] | None, status: ThreadStatus | None,
                           ids: Sequence[str] | None = None) -> list[ThreadRow]:
         rows = [self._threads[i] for i in ids if i in self._threads] if ids is not None else self._threads.values()
         return [r for r in rows if (status is None or r.status == status)
                 and all(r.metadata.get(k) == v for k, v in (metadata or {}).items())]
 
-    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
+    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: ThreadStatus | None = None,
                              ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
                              sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]:
         sort_by, order = thread_order(sort_by, sort_order)
@@ -97,9 +117,10 @@ class MemoryStorage(Storage):
         if sort_by == "state_updated_at":  # when the state last changed: its newest checkpoint's time
             checkpoints = self._checkpoints.get(row.thread_id)
             return checkpoints[-1].created_at if checkpoints else row.updated_at
-        return getattr(row, sort_by)
+        return str(getattr(row, sort_by))
 
-    async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:
+    async def count_threads(self, *, metadata: dict[str, Any] | None = None,
+                            status: ThreadStatus | None = None) -> int:
         return len(self._matching_threads(metadata, status))
 
     # -- runs
@@ -109,31 +130,21 @@ class MemoryStorage(Storage):
         self._runs[row.run_id] = row
         self._runs_of.setdefault(row.thread_id, []).append(row.run_id)
         self._order[row.run_id] = len(self._order)
-        self._track(row, None)
+        self._index(row)
 
     async def get_run(self, run_id: str) -> RunRow | None:
         row = self._runs.get(run_id)
         return _copy(row) if row else None
 
-    async def update_run(self, run_id: str, **fields: Any) -> None:
-        row = self._runs.get(run_id)
-        if row is None:
-            return
-        before = row.status
-        for name, value in fields.items():
-            setattr(row, name, value)
-        self._track(row, before)
+    def _set_status(self, row: RunRow, status: RunStatus, updated_at: str) -> None:
+        """Change a run's status, keeping the pending and running indexes in step."""
+        if status != row.status:
+            self._unindex(row)
+            row.status = status
+            self._index(row)
+        row.updated_at = updated_at
 
-    def _track(self, row: RunRow, before: str | None) -> None:
-        """Keep the pending and running indexes in step with a run's status change."""
-        if before == row.status:
-            return
-        if before == "pending":
-            self._pending.pop(row.run_id, None)
-        elif before == "running":
-            self._running_thread.pop(row.thread_id, None)
-            if row.concurrency_key:
-                self._running_keys[row.concurrency_key] -= 1
+    def _index(self, row: RunRow) -> None:
         if row.status == "pending":
             self._pending[row.run_id] = None
         elif row.status == "running":
@@ -141,48 +152,49 @@ class MemoryStorage(Storage):
             if row.concurrency_key:
                 self._running_keys[row.concurrency_key] += 1
 
+    def _unindex(self, row: RunRow) -> None:
+        if row.status == "pending":
+            self._pending.pop(row.run_id, None)
+        elif row.status == "running":
+            self._running_thread.pop(row.thread_id, None)
+            if row.concurrency_key:
+                self._running_keys[row.concurrency_key] -= 1
+
     async def delete_run(self, run_id: str) -> bool:
         row = self._runs.get(run_id)
         if row is None:
             return False
-        row_status = row.status
-        row.status = "deleted"
-        self._track(row, row_status)
+        self._unindex(row)
         del self._runs[run_id]
         self._order.pop(run_id, None)
         self._runs_of[row.thread_id].remove(run_id)
         return True
 
-    async def list_runs(self, thread_id: str, *, status: str | None = None, limit: int = 10,
+    async def list_runs(self, thread_id: str, *, status: RunStatus | None = None, limit: int = 10,
                         offset: int = 0) -> list[RunRow]:
         rows = [self._runs[r] for r in reversed(self._runs_of.get(thread_id, ()))]
         rows = [r for r in rows if status is None or r.status == status]
         return [_copy(r) for r in rows[offset: offset + limit]]
 
     async def active_runs(self, thread_id: str) -> list[RunRow]:
-        return [_copy(self._runs[r]) for r in self._runs_of.get(thread_id, ()) if self._runs[r].status in _ACTIVE]
+        return [_copy(self._runs[r]) for r in self._runs_of.get(thread_id, ()) if self._runs[r].status in ACTIVE]
 
     async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
-        claimed: list[RunRow] = []
-        for run_id in list(self._pending):
-            if len(claimed) == limit:
-                break
-            row = self._runs[run_id]
-            key = row.concurrency_key
-            if (row.worker_id != worker_id or row.scheduled_at > now or row.thread_id in self._running_thread
-                    or (key and self._running_keys[key] >= (row.concurrency_limit or 1))):
-                continue
-            row.updated_at = now
-            row.status = "running"
-            self._track(row, "pending")
-            claimed.append(_copy(row))
-        return claimed
+        due = (row for row in map(self._runs.__getitem__, self._pending)
+               if row.worker_id == worker_id and row.scheduled_at <= now and row.thread_id not in self._running_thread)
+        claimed = pick_claims(due, self._running_keys, limit)
+        for row in claimed:
+            self._set_status(row, "running", now)
+        return [_copy(row) for row in claimed]
 
     async def finish_run(self, end: RunEnd) -> bool:
-        await self.update_run(end.run_id, status=end.status, error=end.error, updated_at=end.updated_at)
+        run = self._runs.get(end.run_id)
+        if run is not None:
+            run.error = end.error
+            self._set_status(run, end.status, end.updated_at)
         thread = self._threads.get(end.thread_id)
         if thread is not None:
-            busy = any(self._runs[r].status in _ACTIVE for r in self._runs_of.get(end.thread_id, ()))
+            busy = any(self._runs[r].status in ACTIVE for r in self._runs_of.get(end.thread_id, ()))
             thread.status = "busy" if busy else end.thread_status
             thread.error = end.thread_error
             thread.updated_at = end.updated_at
@@ -192,16 +204,29 @@ class MemoryStorage(Storage):
             await self.set_checkpoint_next(end.thread_id, *end.checkpoint_next)
         return any(not entry[1] for entry in self._inbox.get(end.thread_id, {}).values())
 
+    async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
+        row = self._runs.get(run_id)
+        if row is None or row.status != "pending":
+            return False
+        if action == "rollback":
+            await self.delete_run(run_id)
+        else:
+            self._set_status(row, "interrupted", now)
+        thread = self._threads.get(row.thread_id)
+        if thread is not None and thread.status == "busy" and not await self.active_runs(row.thread_id):
+            thread.status = "interrupted" if thread.interrupts else "idle"
+        return True
+
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
         alive = set(alive_workers)
-        orphans = sorted((r for r in self._runs.values() if r.status in _ACTIVE and r.worker_id not in alive
+        orphans = sorted((r for r in self._runs.values() if r.status in ACTIVE and r.worker_id not in alive
                           and r.worker_id not in self._workers),
                          key=lambda r: self._order[r.run_id])
         found = [_copy(r) for r in orphans]
         for row in orphans:
-            before = row.status
+            self._unindex(row)
             row.status, row.worker_id = "pending", new_worker_id
-            self._track(row, before)
+            self._index(row)
         self._pending = dict.fromkeys(sorted(self._pending, key=self._order.__getitem__))
         return found
 

@@ -18,25 +18,21 @@ lifecycle events' ``graph_name`` and its messages' ``lc_agent_name``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, get_args
 
+from backchannel._clock import now_iso
 from backchannel.events import Event
 from backchannel.messages import AIMessage, message_to_dict
-from backchannel.runtime.storage import now_iso
+from backchannel.protocols import StreamPart
 from backchannel.serde import to_jsonable
 
-__all__ = ["STREAM_MODES", "StreamMapper", "StreamPart", "interrupt_part", "wants_values", "wire_namespace"]
+__all__ = ["STREAM_MODES", "StreamMapper", "StreamMode", "StreamPart", "interrupt_part", "wants_values",
+           "wire_namespace"]
 
-STREAM_MODES = frozenset({"values", "updates", "messages", "messages-tuple", "custom", "events", "debug",
-                          "tasks", "checkpoints", "lifecycle", "tools", "async_tasks"})
-
-
-class StreamPart(NamedTuple):
-    """One part of a run's stream, as ``langgraph_sdk`` yields it."""
-
-    event: str
-    data: Any
-    id: str | None = None
+# Sorted: the OpenAPI document lists them in this order.
+StreamMode = Literal["async_tasks", "checkpoints", "custom", "debug", "events", "lifecycle", "messages",
+                     "messages-tuple", "tasks", "tools", "updates", "values"]
+STREAM_MODES: frozenset[str] = frozenset(get_args(StreamMode))
 
 
 def wants_values(modes: Sequence[str]) -> bool:

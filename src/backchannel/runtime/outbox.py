@@ -15,15 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from backchannel.errors import BackchannelError, RemoteError
 from backchannel.messages import AnyMessage, message_to_dict
-
-if TYPE_CHECKING:
-    from backchannel.runtime.local import LocalRuntime
-    from backchannel.runtime.remote import RemoteRuntime
+from backchannel.protocols import StoreAPI
+from backchannel.runtime.remote import RemoteRuntime
 
 __all__ = ["NAMESPACE", "Outbox"]
 
@@ -37,8 +35,9 @@ logger = logging.getLogger("backchannel")
 class Outbox:
     """The notifications this runtime still has to hand to other servers."""
 
-    def __init__(self, runtime: LocalRuntime) -> None:
-        self._rt = runtime
+    def __init__(self, store: StoreAPI, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[Any]]) -> None:
+        self._store = store
+        self._spawn = spawn
         self._sender: asyncio.Task[None] | None = None
         self._remotes: dict[str, RemoteRuntime] = {}
         self._more = asyncio.Event()
@@ -46,8 +45,8 @@ class Outbox:
     async def put(self, key: str, *, url: str, thread_id: str, assistant_id: str | None,
                   message: AnyMessage) -> None:
         """Keep ``message`` for the thread ``thread_id`` on the server at ``url`` (once per ``key``), and send it."""
-        if await self._rt.store.get_item(NAMESPACE, key) is None:
-            await self._rt.store.put_item(NAMESPACE, key, {
+        if await self._store.get_item(NAMESPACE, key) is None:
+            await self._store.put_item(NAMESPACE, key, {
                 "url": url, "thread_id": thread_id, "assistant_id": assistant_id,
                 "message": message_to_dict(message), "attempts": 0, "next_at": 0.0})
         self._more.set()
@@ -56,7 +55,7 @@ class Outbox:
     def start(self) -> None:
         """Send what is waiting (a no-op if a sender is already at work)."""
         if self._sender is None or self._sender.done():
-            self._sender = self._rt.spawn(self._send_all())
+            self._sender = self._spawn(self._send_all())
 
     async def close(self) -> None:
         for remote in self._remotes.values():
@@ -66,7 +65,7 @@ class Outbox:
     async def _send_all(self) -> None:
         while True:
             self._more.clear()
-            items = (await self._rt.store.search_items(NAMESPACE, limit=_BATCH))["items"]
+            items = (await self._store.search_items(NAMESPACE, limit=_BATCH))["items"]
             if not items:
                 return
             now = time.time()
@@ -89,16 +88,14 @@ class Outbox:
             delay = min(_MAX_DELAY, 0.5 * 2 ** (attempts - 1))
             logger.info("notification %s for %s not delivered yet (attempt %d, next in %.1fs): %s",
                         key, item["url"], attempts, delay, exc)
-            await self._rt.store.put_item(NAMESPACE, key, {**item, "attempts": attempts,
+            await self._store.put_item(NAMESPACE, key, {**item, "attempts": attempts,
                                                            "next_at": time.time() + delay})
             return
         except BackchannelError as exc:  # refused for good: the thread is gone, the request is wrong
             logger.warning("notification %s for %s dropped: %s", key, item["url"], exc)
-        await self._rt.store.delete_item(NAMESPACE, key)
+        await self._store.delete_item(NAMESPACE, key)
 
     def _remote(self, url: str) -> RemoteRuntime:
         if url not in self._remotes:
-            from backchannel.runtime.remote import RemoteRuntime
-
             self._remotes[url] = RemoteRuntime(url, timeout=10.0)
         return self._remotes[url]

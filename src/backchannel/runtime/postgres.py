@@ -25,36 +25,39 @@ from typing import Any, NamedTuple, TypeVar
 import psycopg
 from psycopg import AsyncConnection, sql
 
-from backchannel.messages import AnyMessage, message_from_dict
+from backchannel._clock import now_iso
+from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._pgpool import ConnectionPool
 from backchannel.runtime._rows import (
     SEP,
+    THREAD_SORT_SQL,
     THREAD_TABLES,
     checkpoint_chain,
     checkpoint_row,
     checkpoint_values,
     dump,
-    field_values,
+    inbox_message,
     item_row,
     matching_namespaces,
     run_row,
     run_values,
+    thread_changes,
     thread_row,
     thread_values,
 )
-from backchannel.runtime.coordination import Coordinator
-from backchannel.runtime.storage import (
+from backchannel.runtime.rows import (
+    CancelAction,
     CheckpointRow,
     ItemRow,
     RunEnd,
     RunRow,
-    THREAD_SORT_SQL,
-    Storage,
+    RunStatus,
     ThreadRow,
-    now_iso,
+    ThreadStatus,
     thread_order,
 )
+from backchannel.runtime.storage import Coordinator, Storage
 from backchannel.serde import dumps
 
 __all__ = ["PostgresCoordinator", "PostgresStorage", "scratch_schema"]
@@ -111,7 +114,6 @@ _RUN_COLUMNS = ("run_id, thread_id, assistant_id, created_at, updated_at, status
                 "multitask_strategy, worker_id, scheduled_at, error, concurrency_key, concurrency_limit")
 _CHECKPOINT_COLUMNS = "thread_id, seq, checkpoint_id, parent_id, run_id, delta, next, metadata, created_at"
 _ITEM_COLUMNS = "namespace, key, value::text, created_at, updated_at"
-_JSONB = {"threads": frozenset({"metadata"})}  # columns that are JSONB (searched), not JSON text
 
 # Keys of the advisory locks (the first of their two int4 keys): who migrates, who claims a thread or key.
 _MIGRATION_LOCK = 0x6263_0001
@@ -216,8 +218,14 @@ class PostgresStorage(Storage):
         found = await self._one(f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = %s", (thread_id,))
         return thread_row(found) if found else None
 
-    async def update_thread(self, thread_id: str, **fields: Any) -> None:
-        await self._update("threads", "thread_id", thread_id, fields)
+    async def update_thread(self, thread_id: str, *, status: ThreadStatus | None = None,
+                            metadata: dict[str, Any] | None = None, interrupts: list[dict[str, Any]] | None = None,
+                            updated_at: str | None = None) -> None:
+        changes = thread_changes(status=status, metadata=metadata, interrupts=interrupts, updated_at=updated_at)
+        if changes:
+            columns = ", ".join(f"{column} = %s::jsonb" if column == "metadata" else f"{column} = %s"
+                                for column in changes)
+            await self._write(f"UPDATE threads SET {columns} WHERE thread_id = %s", (*changes.values(), thread_id))
 
     async def delete_thread(self, thread_id: str) -> bool:
         return await _whole(self._delete_thread(thread_id))
@@ -229,9 +237,10 @@ class PostgresStorage(Storage):
                 await conn.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread_id,))
         return bool(deleted)
 
-    def _thread_filter(self, metadata: dict[str, Any] | None, status: str | None,
+    def _thread_filter(self, metadata: dict[str, Any] | None, status: ThreadStatus | None,
                        ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
-        clauses, params = ["TRUE"], []
+        clauses: list[str] = ["TRUE"]
+        params: list[Any] = []
         for key, value in (metadata or {}).items():
             clauses.append(_json_equals("metadata"))
             params += [key, dump(value)]
@@ -243,16 +252,18 @@ class PostgresStorage(Storage):
             params.append(list(ids))
         return " AND ".join(clauses), params
 
-    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
+    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: ThreadStatus | None = None,
                              ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
                              sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]:
         sort_by, order = thread_order(sort_by, sort_order)
         where, params = self._thread_filter(metadata, status, ids)
         rows = await self._all(f"SELECT {_THREAD_COLUMNS} FROM threads WHERE {where} "
-                               f"ORDER BY {THREAD_SORT_SQL.get(sort_by, sort_by)} {order}, seq {order} LIMIT %s OFFSET %s", (*params, limit, offset))
+                               f"ORDER BY {THREAD_SORT_SQL.get(sort_by, sort_by)} {order}, seq {order} "
+                               "LIMIT %s OFFSET %s", (*params, limit, offset))
         return [thread_row(r) for r in rows]
 
-    async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:
+    async def count_threads(self, *, metadata: dict[str, Any] | None = None,
+                            status: ThreadStatus | None = None) -> int:
         where, params = self._thread_filter(metadata, status)
         found = await self._one(f"SELECT count(*) FROM threads WHERE {where}", params)
         assert found is not None
@@ -269,13 +280,10 @@ class PostgresStorage(Storage):
         found = await self._one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
         return run_row(found) if found else None
 
-    async def update_run(self, run_id: str, **fields: Any) -> None:
-        await self._update("runs", "run_id", run_id, fields)
-
     async def delete_run(self, run_id: str) -> bool:
         return bool(await self._write("DELETE FROM runs WHERE run_id = %s", (run_id,)))
 
-    async def list_runs(self, thread_id: str, *, status: str | None = None, limit: int = 10,
+    async def list_runs(self, thread_id: str, *, status: RunStatus | None = None, limit: int = 10,
                         offset: int = 0) -> list[RunRow]:
         where, params = "thread_id = %s", [thread_id]
         if status is not None:
@@ -348,7 +356,7 @@ class PostgresStorage(Storage):
         await updated
         return bool(found and found[0])
 
-    async def drop_pending_run(self, run_id: str, action: str, now: str) -> bool:
+    async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
         # The thread's update sees the runs as they were before the statement, the dropped one still
         # pending: hence "run_id <> the run".
         drop = ("DELETE FROM runs WHERE run_id = %(run)s AND status = 'pending' RETURNING thread_id"
@@ -398,8 +406,8 @@ class PostgresStorage(Storage):
     # -- checkpoints
 
     async def put_checkpoint(self, row: CheckpointRow) -> None:
-        await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                          checkpoint_values(row))
+        await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) "
+                          "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)", checkpoint_values(row))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = await self._one(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints "
@@ -413,7 +421,8 @@ class PostgresStorage(Storage):
 
     async def list_checkpoints(self, thread_id: str, *, limit: int | None = None,
                                before_seq: int | None = None) -> list[CheckpointRow]:
-        where, params = "thread_id = %s", [thread_id]
+        where = "thread_id = %s"
+        params: list[Any] = [thread_id]
         if before_seq is not None:
             where += " AND seq < %s"
             params.append(before_seq)
@@ -466,7 +475,7 @@ class PostgresStorage(Storage):
     async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         rows = await self._all("SELECT key, message FROM inbox WHERE thread_id = %s AND NOT delivered "
                                "ORDER BY created_at, seq", (thread_id,))
-        return [(key, message_from_dict(json.loads(message))) for key, message in rows]
+        return [(key, inbox_message(message)) for key, message in rows]
 
     async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
         if keys:
@@ -493,7 +502,8 @@ class PostgresStorage(Storage):
 
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
                            limit: int = 10, offset: int = 0) -> list[ItemRow]:
-        clauses, params = ["TRUE"], []
+        clauses: list[str] = ["TRUE"]
+        params: list[Any] = []
         if prefix:
             joined = SEP.join(prefix)
             clauses.append("(namespace = %s OR starts_with(namespace, %s))")
@@ -510,15 +520,6 @@ class PostgresStorage(Storage):
                               offset: int = 0) -> list[tuple[str, ...]]:
         rows = await self._all("SELECT DISTINCT namespace FROM items")
         return matching_namespaces((joined for (joined,) in rows), prefix, suffix, max_depth, limit, offset)
-
-    # -- helpers
-
-    async def _update(self, table: str, key: str, value: str, fields: dict[str, Any]) -> None:
-        if not fields:
-            return
-        jsonb = _JSONB.get(table, frozenset())
-        columns = ", ".join(f"{name} = %s::jsonb" if name in jsonb else f"{name} = %s" for name in fields)
-        await self._write(f"UPDATE {table} SET {columns} WHERE {key} = %s", (*field_values(fields), value))
 
 
 class PostgresCoordinator(Coordinator):

@@ -12,8 +12,8 @@ exceptions: :class:`NotFoundError` (404), :class:`ConflictError` (409),
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Unpack
 from urllib.parse import quote
 
 from backchannel.errors import (
@@ -24,7 +24,17 @@ from backchannel.errors import (
     NotFoundError,
     RemoteError,
 )
-from backchannel.runtime.modes import StreamPart
+from backchannel.protocols import (
+    Checkpoint,
+    Headers,
+    Params,
+    RunOptions,
+    StreamModes,
+    StreamOptions,
+    StreamPart,
+    WaitOptions,
+    unexpected_keywords,
+)
 from backchannel.serde import dumps
 from backchannel.tracing import with_trace_context
 
@@ -96,22 +106,25 @@ class _Http:
             await self._client.aclose()
             self._client = None
 
-    async def request(self, method: str, path: str, *, json: Any = None,
-                      params: Mapping[str, Any] | None = None) -> Any:
+    async def request(self, method: str, path: str, *, json: Any = None, params: Params = None,
+                      headers: Headers = None, on_response: Callable[[Any], None] | None = None) -> Any:
         import httpx
 
         content = dumps(json).encode() if json is not None else None
-        headers = {"content-type": "application/json"} if content is not None else None
+        sent = {**(headers or {}), **({"content-type": "application/json"} if content is not None else {})}
         try:
             response = await self.client().request(method, path, content=content, params=_params(params),
-                                                   headers=headers)
+                                                   headers=sent or None)
         except httpx.HTTPError as exc:
             raise RemoteError(f"{method} {self.url}{path} failed: {type(exc).__name__}: {exc}") from exc
         _raise_for_status(response, method, self.url + path)
+        if on_response is not None:
+            on_response(response)
         return response.json() if response.content.strip() else None
 
-    async def stream(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None,
-                     headers: Mapping[str, str] | None = None) -> AsyncIterator[StreamPart]:
+    async def stream(self, method: str, path: str, *, json: Any = None, params: Params = None,
+                     headers: Headers = None,
+                     on_response: Callable[[Any], None] | None = None) -> AsyncIterator[StreamPart]:
         """The server-sent events of a streaming endpoint, as stream parts."""
         import httpx
 
@@ -125,6 +138,8 @@ class _Http:
                 if response.is_error:
                     await response.aread()
                     _raise_for_status(response, method, self.url + path)
+                if on_response is not None:
+                    on_response(response)
                 async for part in _read_events(response.aiter_lines()):
                     yield part
         except httpx.HTTPError as exc:
@@ -137,23 +152,31 @@ class RemoteAssistants:
     def __init__(self, http: _Http) -> None:
         self._http = http
 
-    async def get(self, assistant_id: str, **_: Any) -> dict[str, Any]:
-        return await self._http.request("GET", f"/assistants/{_q(assistant_id)}")
+    async def get(self, assistant_id: str, *, headers: Headers = None, params: Params = None) -> dict[str, Any]:
+        return await self._http.request("GET", f"/assistants/{_q(assistant_id)}", headers=headers, params=params)
 
     async def search(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
-                     name: str | None = None, limit: int = 10, offset: int = 0, **_: Any) -> list[dict[str, Any]]:
+                     name: str | None = None, limit: int = 10, offset: int = 0, sort_by: str | None = None,
+                     sort_order: str | None = None, select: Sequence[str] | None = None,
+                     headers: Headers = None, params: Params = None) -> list[dict[str, Any]]:
         return await self._http.request("POST", "/assistants/search", json=_given(
-            metadata=metadata, graph_id=graph_id, name=name, limit=limit, offset=offset))
+            metadata=metadata, graph_id=graph_id, name=name, limit=limit, offset=offset, sort_by=sort_by,
+            sort_order=sort_order, select=select), headers=headers, params=params)
 
     async def count(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
-                    **_: Any) -> int:
-        return await self._http.request("POST", "/assistants/count", json=_given(metadata=metadata, graph_id=graph_id))
+                    name: str | None = None, headers: Headers = None, params: Params = None) -> int:
+        return await self._http.request("POST", "/assistants/count", json=_given(
+            metadata=metadata, graph_id=graph_id, name=name), headers=headers, params=params)
 
-    async def get_graph(self, assistant_id: str, **_: Any) -> dict[str, Any]:
-        return await self._http.request("GET", f"/assistants/{_q(assistant_id)}/graph")
+    async def get_graph(self, assistant_id: str, *, xray: int | bool = False, headers: Headers = None,
+                        params: Params = None) -> dict[str, Any]:
+        return await self._http.request("GET", f"/assistants/{_q(assistant_id)}/graph", headers=headers,
+                                        params=_merged(params, xray=xray or None))
 
-    async def get_schemas(self, assistant_id: str, **_: Any) -> dict[str, Any]:
-        return await self._http.request("GET", f"/assistants/{_q(assistant_id)}/schemas")
+    async def get_schemas(self, assistant_id: str, *, headers: Headers = None,
+                          params: Params = None) -> dict[str, Any]:
+        return await self._http.request("GET", f"/assistants/{_q(assistant_id)}/schemas", headers=headers,
+                                        params=params)
 
 
 class RemoteThreads:
@@ -163,52 +186,71 @@ class RemoteThreads:
         self._http = http
 
     async def create(self, *, metadata: Mapping[str, Any] | None = None, thread_id: str | None = None,
-                     if_exists: str | None = None, graph_id: str | None = None, **_: Any) -> dict[str, Any]:
+                     if_exists: str | None = None, supersteps: Sequence[Any] | None = None,
+                     graph_id: str | None = None, ttl: int | Mapping[str, Any] | None = None,
+                     headers: Headers = None, params: Params = None) -> dict[str, Any]:
         return await self._http.request("POST", "/threads", json=_given(
-            metadata=metadata, thread_id=thread_id, if_exists=if_exists, graph_id=graph_id))
+            metadata=metadata, thread_id=thread_id, if_exists=if_exists, supersteps=supersteps, graph_id=graph_id,
+            ttl=_ttl(ttl)), headers=headers, params=params)
 
-    async def get(self, thread_id: str, **_: Any) -> dict[str, Any]:
-        return await self._http.request("GET", f"/threads/{_q(thread_id)}")
+    async def get(self, thread_id: str, *, include: Sequence[str] | None = None, headers: Headers = None,
+                  params: Params = None) -> dict[str, Any]:
+        return await self._http.request("GET", f"/threads/{_q(thread_id)}", headers=headers,
+                                        params=_merged(params, include=",".join(include) if include else None))
 
-    async def update(self, thread_id: str, *, metadata: Mapping[str, Any], **_: Any) -> dict[str, Any]:
-        return await self._http.request("PATCH", f"/threads/{_q(thread_id)}", json={"metadata": metadata})
+    async def update(self, thread_id: str, *, metadata: Mapping[str, Any], ttl: int | Mapping[str, Any] | None = None,
+                     return_minimal: bool = False, headers: Headers = None, params: Params = None) -> dict[str, Any]:
+        return await self._http.request("PATCH", f"/threads/{_q(thread_id)}", json=_given(
+            metadata=metadata, ttl=_ttl(ttl)), headers={**(headers or {}), **(
+                {"Prefer": "return=minimal"} if return_minimal else {})}, params=params)
 
-    async def delete(self, thread_id: str, **_: Any) -> None:
-        await self._http.request("DELETE", f"/threads/{_q(thread_id)}")
+    async def delete(self, thread_id: str, *, headers: Headers = None, params: Params = None) -> None:
+        await self._http.request("DELETE", f"/threads/{_q(thread_id)}", headers=headers, params=params)
 
     async def search(self, *, metadata: Mapping[str, Any] | None = None, values: Mapping[str, Any] | None = None,
                      ids: Sequence[str] | None = None, status: str | None = None, limit: int = 10, offset: int = 0,
-                     sort_by: str | None = None, sort_order: str | None = None, **_: Any) -> list[dict[str, Any]]:
+                     sort_by: str | None = None, sort_order: str | None = None, select: Sequence[str] | None = None,
+                     extract: Mapping[str, str] | None = None, headers: Headers = None,
+                     params: Params = None) -> list[dict[str, Any]]:
         return await self._http.request("POST", "/threads/search", json=_given(
             metadata=metadata, values=values, ids=ids, status=status, limit=limit, offset=offset, sort_by=sort_by,
-            sort_order=sort_order))
+            sort_order=sort_order, select=select, extract=extract), headers=headers, params=params)
 
-    async def count(self, *, metadata: Mapping[str, Any] | None = None, status: str | None = None,
-                    **_: Any) -> int:
-        return await self._http.request("POST", "/threads/count", json=_given(metadata=metadata, status=status))
+    async def count(self, *, metadata: Mapping[str, Any] | None = None, values: Mapping[str, Any] | None = None,
+                    status: str | None = None, headers: Headers = None, params: Params = None) -> int:
+        return await self._http.request("POST", "/threads/count", json=_given(
+            metadata=metadata, values=values, status=status), headers=headers, params=params)
 
-    async def copy(self, thread_id: str, **_: Any) -> dict[str, Any]:
-        return await self._http.request("POST", f"/threads/{_q(thread_id)}/copy")
+    async def copy(self, thread_id: str, *, headers: Headers = None, params: Params = None) -> dict[str, Any]:
+        return await self._http.request("POST", f"/threads/{_q(thread_id)}/copy", headers=headers, params=params)
 
-    async def get_state(self, thread_id: str, checkpoint: Mapping[str, Any] | None = None,
-                        checkpoint_id: str | None = None, **_: Any) -> dict[str, Any]:
+    async def get_state(self, thread_id: str, checkpoint: Checkpoint = None, checkpoint_id: str | None = None, *,
+                        subgraphs: bool = False, select: Sequence[str] | None = None, headers: Headers = None,
+                        params: Params = None) -> dict[str, Any]:
+        query = _merged(params, subgraphs=subgraphs or None)
         if checkpoint:
-            return await self._http.request("POST", f"/threads/{_q(thread_id)}/state/checkpoint",
-                                            json={"checkpoint": checkpoint})
+            return await self._http.request("POST", f"/threads/{_q(thread_id)}/state/checkpoint", json=_given(
+                checkpoint=checkpoint, subgraphs=subgraphs or None), headers=headers, params=params)
         if checkpoint_id:
-            return await self._http.request("GET", f"/threads/{_q(thread_id)}/state/{_q(checkpoint_id)}")
-        return await self._http.request("GET", f"/threads/{_q(thread_id)}/state")
+            return await self._http.request("GET", f"/threads/{_q(thread_id)}/state/{_q(checkpoint_id)}",
+                                            headers=headers, params=query)
+        return await self._http.request("GET", f"/threads/{_q(thread_id)}/state", headers=headers, params=query)
 
-    async def update_state(self, thread_id: str, values: Any, *, as_node: str | None = None,
-                           checkpoint: Mapping[str, Any] | None = None, checkpoint_id: str | None = None,
-                           **_: Any) -> dict[str, Any]:
+    async def update_state(self, thread_id: str, values: Mapping[str, Any] | Sequence[Any] | None, *,
+                           as_node: str | None = None, checkpoint: Checkpoint = None,
+                           checkpoint_id: str | None = None, headers: Headers = None,
+                           params: Params = None) -> dict[str, Any]:
         return await self._http.request("POST", f"/threads/{_q(thread_id)}/state", json=_given(
-            values=values, as_node=as_node, checkpoint=checkpoint, checkpoint_id=checkpoint_id))
+            values=values, as_node=as_node, checkpoint=checkpoint, checkpoint_id=checkpoint_id), headers=headers,
+            params=params)
 
-    async def get_history(self, thread_id: str, *, limit: int = 10, before: str | Mapping[str, Any] | None = None,
-                          metadata: Mapping[str, Any] | None = None, **_: Any) -> list[dict[str, Any]]:
+    async def get_history(self, thread_id: str, *, limit: int = 10, before: str | Checkpoint = None,
+                          metadata: Mapping[str, Any] | None = None, checkpoint: Checkpoint = None,
+                          select: Sequence[str] | None = None, headers: Headers = None,
+                          params: Params = None) -> list[dict[str, Any]]:
         return await self._http.request("POST", f"/threads/{_q(thread_id)}/history", json=_given(
-            limit=limit, before=before, metadata=metadata))
+            limit=limit, before=before, metadata=metadata, checkpoint=checkpoint, select=select), headers=headers,
+            params=params)
 
 
 class RemoteRuns:
@@ -217,48 +259,66 @@ class RemoteRuns:
     def __init__(self, http: _Http) -> None:
         self._http = http
 
-    async def create(self, thread_id: str | None, assistant_id: str, **kwargs: Any) -> dict[str, Any]:
-        return await self._http.request("POST", _runs_path(thread_id), json=_run_body(assistant_id, kwargs))
+    async def create(self, thread_id: str | None, assistant_id: str, **options: Unpack[RunOptions]) -> dict[str, Any]:
+        unexpected_keywords("create", options, RunOptions)
+        headers, params, created = options.pop("headers", None), options.pop("params", None), _callback(options)
+        run = await self._http.request("POST", _runs_path(thread_id), json=_run_body(assistant_id, options),
+                                       headers=headers, params=params)
+        created(run)
+        return run
 
-    async def get(self, thread_id: str, run_id: str, **_: Any) -> dict[str, Any]:
-        return await self._http.request("GET", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}")
+    async def get(self, thread_id: str, run_id: str, *, headers: Headers = None,
+                  params: Params = None) -> dict[str, Any]:
+        return await self._http.request("GET", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}", headers=headers,
+                                        params=params)
 
     async def list(self, thread_id: str, *, limit: int = 10, offset: int = 0, status: str | None = None,
-                   **_: Any) -> list[dict[str, Any]]:
-        return await self._http.request("GET", f"/threads/{_q(thread_id)}/runs",
-                                        params=_given(limit=limit, offset=offset, status=status))
+                   select: Sequence[str] | None = None, headers: Headers = None,
+                   params: Params = None) -> list[dict[str, Any]]:
+        return await self._http.request("GET", f"/threads/{_q(thread_id)}/runs", headers=headers, params=_merged(
+            params, limit=limit, offset=offset, status=status, select=",".join(select) if select else None))
 
     async def cancel(self, thread_id: str, run_id: str, *, wait: bool = False, action: str = "interrupt",
-                     **_: Any) -> None:
-        await self._http.request("POST", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}/cancel",
-                                 params={"wait": 1 if wait else 0, "action": action})
+                     headers: Headers = None, params: Params = None) -> None:
+        await self._http.request("POST", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}/cancel", headers=headers,
+                                 params=_merged(params, wait=1 if wait else 0, action=action))
 
-    async def delete(self, thread_id: str, run_id: str, **_: Any) -> None:
-        await self._http.request("DELETE", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}")
+    async def delete(self, thread_id: str, run_id: str, *, headers: Headers = None, params: Params = None) -> None:
+        await self._http.request("DELETE", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}", headers=headers,
+                                 params=params)
 
-    async def join(self, thread_id: str, run_id: str, **_: Any) -> dict[str, Any]:
-        return await self._http.request("GET", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}/join")
+    async def join(self, thread_id: str, run_id: str, *, headers: Headers = None,
+                   params: Params = None) -> dict[str, Any]:
+        return await self._http.request("GET", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}/join", headers=headers,
+                                        params=params)
 
-    async def wait(self, thread_id: str | None, assistant_id: str, *, raise_error: bool = True,
-                   **kwargs: Any) -> dict[str, Any]:
-        result = await self._http.request("POST", _runs_path(thread_id, "/wait"), json=_run_body(assistant_id, kwargs))
+    async def wait(self, thread_id: str | None, assistant_id: str, **options: Unpack[WaitOptions]) -> Any:
+        unexpected_keywords("wait", options, WaitOptions)
+        raise_error = options.pop("raise_error", True)
+        headers, params, created = options.pop("headers", None), options.pop("params", None), _callback(options)
+        result = await self._http.request("POST", _runs_path(thread_id, "/wait"), json=_run_body(assistant_id, options),
+                                          headers=headers, params=params, on_response=created)
         error = result.get("__error__") if isinstance(result, dict) else None
         if raise_error and isinstance(error, dict):
             raise BackchannelError(f"{error.get('error')}: {error.get('message')}")
         return result
 
-    def stream(self, thread_id: str | None, assistant_id: str, **kwargs: Any) -> AsyncIterator[StreamPart]:
-        return self._http.stream("POST", _runs_path(thread_id, "/stream"), json=_run_body(assistant_id, kwargs))
+    def stream(self, thread_id: str | None, assistant_id: str,
+               **options: Unpack[StreamOptions]) -> AsyncIterator[StreamPart]:
+        unexpected_keywords("stream", options, StreamOptions)
+        headers, params, created = options.pop("headers", None), options.pop("params", None), _callback(options)
+        return self._http.stream("POST", _runs_path(thread_id, "/stream"), json=_run_body(assistant_id, options),
+                                 headers=headers, params=params, on_response=created)
 
-    def join_stream(self, thread_id: str, run_id: str, *, stream_mode: str | Sequence[str] | None = None,
-                    last_event_id: str | None = None, cancel_on_disconnect: bool = False,
-                    **_: Any) -> AsyncIterator[StreamPart]:
+    def join_stream(self, thread_id: str, run_id: str, *, cancel_on_disconnect: bool = False,
+                    stream_mode: StreamModes | None = None, headers: Headers = None, params: Params = None,
+                    last_event_id: str | None = None) -> AsyncIterator[StreamPart]:
         modes = [stream_mode] if isinstance(stream_mode, str) else stream_mode
         return self._http.stream(
             "GET", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}/stream",
-            params=_given(stream_mode=dumps(list(modes)) if modes else None,
-                          cancel_on_disconnect=cancel_on_disconnect or None),
-            headers={"last-event-id": last_event_id} if last_event_id else None)
+            params=_merged(params, stream_mode=dumps(list(modes)) if modes else None,
+                           cancel_on_disconnect=cancel_on_disconnect or None),
+            headers={**(headers or {}), **({"last-event-id": last_event_id} if last_event_id else {})})
 
 
 class RemoteStore:
@@ -268,28 +328,35 @@ class RemoteStore:
         self._http = http
 
     async def put_item(self, namespace: Sequence[str], /, key: str, value: Mapping[str, Any],
-                       index: Any = None, ttl: Any = None, **_: Any) -> None:
+                       index: bool | Sequence[str] | None = None, ttl: int | None = None,
+                       headers: Headers = None, params: Params = None) -> None:
         await self._http.request("PUT", "/store/items", json=_given(
-            namespace=list(namespace), key=key, value=value, index=index, ttl=ttl))
+            namespace=list(namespace), key=key, value=value, index=index, ttl=ttl), headers=headers, params=params)
 
-    async def get_item(self, namespace: Sequence[str], /, key: str, **_: Any) -> dict[str, Any] | None:
-        return await self._http.request("GET", "/store/items", params={"namespace": ".".join(namespace), "key": key})
+    async def get_item(self, namespace: Sequence[str], /, key: str, *, refresh_ttl: bool | None = None,
+                       headers: Headers = None, params: Params = None) -> dict[str, Any] | None:
+        return await self._http.request("GET", "/store/items", headers=headers, params=_merged(
+            params, namespace=".".join(namespace), key=key, refresh_ttl=refresh_ttl))
 
-    async def delete_item(self, namespace: Sequence[str], /, key: str, **_: Any) -> None:
-        await self._http.request("DELETE", "/store/items", json={"namespace": list(namespace), "key": key})
+    async def delete_item(self, namespace: Sequence[str], /, key: str, headers: Headers = None,
+                          params: Params = None) -> None:
+        await self._http.request("DELETE", "/store/items", json={"namespace": list(namespace), "key": key},
+                                 headers=headers, params=params)
 
     async def search_items(self, namespace_prefix: Sequence[str], /, filter: Mapping[str, Any] | None = None,
                            limit: int = 10, offset: int = 0, query: str | None = None,
-                           **_: Any) -> dict[str, Any]:
+                           refresh_ttl: bool | None = None, headers: Headers = None,
+                           params: Params = None) -> dict[str, Any]:
         return await self._http.request("POST", "/store/items/search", json=_given(
-            namespace_prefix=list(namespace_prefix), filter=filter, limit=limit, offset=offset, query=query))
+            namespace_prefix=list(namespace_prefix), filter=filter, limit=limit, offset=offset, query=query,
+            refresh_ttl=refresh_ttl), headers=headers, params=params)
 
     async def list_namespaces(self, prefix: Sequence[str] | None = None, suffix: Sequence[str] | None = None,
                               max_depth: int | None = None, limit: int = 100, offset: int = 0,
-                              **_: Any) -> dict[str, Any]:
+                              headers: Headers = None, params: Params = None) -> dict[str, Any]:
         return await self._http.request("POST", "/store/namespaces", json=_given(
             prefix=list(prefix) if prefix else None, suffix=list(suffix) if suffix else None, max_depth=max_depth,
-            limit=limit, offset=offset))
+            limit=limit, offset=offset), headers=headers, params=params)
 
 
 # -- helpers -------------------------------------------------------------------
@@ -322,6 +389,36 @@ def _given(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def _merged(params: Params, **given: Any) -> dict[str, Any]:
+    """Query parameters: the caller's ``params`` and the method's own (those not ``None``)."""
+    return {**(params or {}), **_given(**given)}
+
+
+def _ttl(ttl: int | Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A TTL as the API takes it: minutes alone mean ``{"ttl": minutes}``."""
+    return {"ttl": ttl} if isinstance(ttl, int) else ttl
+
+
+def _callback(options: RunOptions) -> Callable[[Any], None]:
+    """What calls ``on_run_created`` (taken out of ``options``) with the new run's ids: from the run itself, or
+    from the ``Content-Location`` of a response that streams or waits for it."""
+    callback = options.pop("on_run_created", None)
+
+    def created(source: Any) -> None:
+        if callback is None:
+            return
+        if isinstance(source, Mapping):
+            ids = {"run_id": source.get("run_id"), "thread_id": source.get("thread_id")}
+        else:  # /threads/{thread_id}/runs/{run_id} or /runs/{run_id}
+            parts = source.headers.get("content-location", "").strip("/").split("/")
+            ids = {"run_id": parts[-1] if len(parts) >= 2 and parts[-2] == "runs" else None,
+                   "thread_id": parts[1] if len(parts) >= 4 and parts[0] == "threads" else None}
+        if ids["run_id"]:
+            callback(ids)
+
+    return created
+
+
 def _params(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not params:
         return None
@@ -334,7 +431,7 @@ def _runs_path(thread_id: str | None, suffix: str = "") -> str:
 
 def _run_body(assistant_id: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """A run's JSON body from ``runs.create`` keyword arguments (those the HTTP API has)."""
-    body = {k: v for k, v in kwargs.items() if v is not None and k not in ("headers", "params", "raise_error")}
+    body = {k: v for k, v in kwargs.items() if v is not None}
     config = with_trace_context(body.get("config"))  # the run continues this trace on the server
     if config is not None:
         body["config"] = config

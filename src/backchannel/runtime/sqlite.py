@@ -25,34 +25,38 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from backchannel.messages import AnyMessage, message_from_dict
+from backchannel._clock import now_iso
+from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
     SEP,
+    THREAD_SORT_SQL,
     THREAD_TABLES,
     checkpoint_chain,
     checkpoint_row,
     checkpoint_values,
     dump,
-    field_values,
+    inbox_message,
     item_row,
     matching_namespaces,
     run_row,
     run_values,
+    thread_changes,
     thread_row,
     thread_values,
 )
-from backchannel.runtime.storage import (
+from backchannel.runtime.rows import (
+    CancelAction,
     CheckpointRow,
     ItemRow,
     RunEnd,
     RunRow,
-    THREAD_SORT_SQL,
-    Storage,
+    RunStatus,
     ThreadRow,
-    now_iso,
+    ThreadStatus,
     thread_order,
 )
+from backchannel.runtime.storage import Storage, pick_claims
 from backchannel.serde import dumps
 
 __all__ = ["SQLiteStorage"]
@@ -121,7 +125,7 @@ class SQLiteStorage(Storage):
     def __init__(self, path: str) -> None:
         self.path = path if path == ":memory:" else os.path.expanduser(path)
         self._db: sqlite3.Connection | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: weakref.finalize[[sqlite3.Connection], SQLiteStorage] | None = None
         self._last_commit = 0.0
         self._checkpointed_changes = 0  # the connection's total_changes at the last checkpoint
         self._checkpoint_timer: asyncio.TimerHandle | None = None
@@ -243,8 +247,13 @@ class SQLiteStorage(Storage):
         found = self.db.execute("SELECT * FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
         return thread_row(found) if found else None
 
-    async def update_thread(self, thread_id: str, **fields: Any) -> None:
-        self._update("threads", "thread_id", thread_id, fields)
+    async def update_thread(self, thread_id: str, *, status: ThreadStatus | None = None,
+                            metadata: dict[str, Any] | None = None, interrupts: list[dict[str, Any]] | None = None,
+                            updated_at: str | None = None) -> None:
+        changes = thread_changes(status=status, metadata=metadata, interrupts=interrupts, updated_at=updated_at)
+        if changes:
+            columns = ", ".join(f"{column} = ?" for column in changes)
+            self.writer.execute(f"UPDATE threads SET {columns} WHERE thread_id = ?", (*changes.values(), thread_id))
 
     async def delete_thread(self, thread_id: str) -> bool:
         with self._transaction() as db:
@@ -253,9 +262,10 @@ class SQLiteStorage(Storage):
                 db.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
         return bool(deleted)
 
-    def _thread_filter(self, metadata: dict[str, Any] | None, status: str | None,
+    def _thread_filter(self, metadata: dict[str, Any] | None, status: ThreadStatus | None,
                        ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
-        clauses, params = ["1"], []
+        clauses: list[str] = ["1"]
+        params: list[Any] = []
         for key, value in (metadata or {}).items():
             clauses.append("json_extract(metadata, ?) IS json_extract(?, '$')")
             params += [f'$."{key}"', dump(value)]
@@ -267,19 +277,21 @@ class SQLiteStorage(Storage):
             params += list(ids)
         return " AND ".join(clauses), params
 
-    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
+    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: ThreadStatus | None = None,
                              ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
                              sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]:
         sort_by, order = thread_order(sort_by, sort_order)
         where, params = self._thread_filter(metadata, status, ids)
         rows = self.db.execute(
-            f"SELECT * FROM threads WHERE {where} ORDER BY {THREAD_SORT_SQL.get(sort_by, sort_by)} {order}, rowid {order} LIMIT ? OFFSET ?",
+            f"SELECT * FROM threads WHERE {where} ORDER BY {THREAD_SORT_SQL.get(sort_by, sort_by)} {order}, "
+            f"rowid {order} LIMIT ? OFFSET ?",
             (*params, limit, offset)).fetchall()
         return [thread_row(r) for r in rows]
 
-    async def count_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None) -> int:
+    async def count_threads(self, *, metadata: dict[str, Any] | None = None,
+                            status: ThreadStatus | None = None) -> int:
         where, params = self._thread_filter(metadata, status)
-        return self.db.execute(f"SELECT count(*) FROM threads WHERE {where}", params).fetchone()[0]
+        return int(self.db.execute(f"SELECT count(*) FROM threads WHERE {where}", params).fetchone()[0])
 
     # -- runs
 
@@ -290,13 +302,10 @@ class SQLiteStorage(Storage):
         found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return run_row(found) if found else None
 
-    async def update_run(self, run_id: str, **fields: Any) -> None:
-        self._update("runs", "run_id", run_id, fields)
-
     async def delete_run(self, run_id: str) -> bool:
         return bool(self.writer.execute("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount)
 
-    async def list_runs(self, thread_id: str, *, status: str | None = None, limit: int = 10,
+    async def list_runs(self, thread_id: str, *, status: RunStatus | None = None, limit: int = 10,
                         offset: int = 0) -> list[RunRow]:
         where, params = "thread_id = ?", [thread_id]
         if status is not None:
@@ -320,18 +329,7 @@ class SQLiteStorage(Storage):
                 "ORDER BY rowid", (worker_id, now)).fetchall()
             running = dict(db.execute("SELECT concurrency_key, count(*) FROM runs WHERE status = 'running' "
                                       "AND concurrency_key IS NOT NULL GROUP BY concurrency_key").fetchall())
-            claimed: list[RunRow] = []
-            threads: set[str] = set()
-            for row in map(run_row, candidates):
-                if len(claimed) == limit:
-                    break
-                key = row.concurrency_key
-                if row.thread_id in threads or (key and running.get(key, 0) >= (row.concurrency_limit or 1)):
-                    continue
-                threads.add(row.thread_id)
-                if key:
-                    running[key] = running.get(key, 0) + 1
-                claimed.append(row)
+            claimed = pick_claims(map(run_row, candidates), running, limit)
             db.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id IN "
                        "(SELECT value FROM json_each(?))", (now, dump([r.run_id for r in claimed])))
         for row in claimed:
@@ -354,6 +352,22 @@ class SQLiteStorage(Storage):
         found = db.execute("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = ? AND delivered = 0)",
                            (end.thread_id,))
         return bool(found.fetchone()[0])
+
+    async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
+        with self._transaction() as db:
+            found = db.execute("SELECT thread_id FROM runs WHERE run_id = ? AND status = 'pending'", (run_id,))
+            row = found.fetchone()
+            if row is None:
+                return False
+            if action == "rollback":
+                db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+            else:
+                db.execute("UPDATE runs SET status = 'interrupted', updated_at = ? WHERE run_id = ?", (now, run_id))
+            db.execute("UPDATE threads SET status = CASE WHEN interrupts = '[]' THEN 'idle' ELSE 'interrupted' END "
+                       "WHERE thread_id = ? AND status = 'busy' AND NOT EXISTS "
+                       "(SELECT 1 FROM runs WHERE thread_id = ? AND status IN ('pending', 'running'))",
+                       (row[0], row[0]))
+        return True
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
         marks = ",".join("?" * len(alive_workers))
@@ -398,7 +412,8 @@ class SQLiteStorage(Storage):
 
     async def list_checkpoints(self, thread_id: str, *, limit: int | None = None,
                                before_seq: int | None = None) -> list[CheckpointRow]:
-        where, params = "thread_id = ?", [thread_id]
+        where = "thread_id = ?"
+        params: list[Any] = [thread_id]
         if before_seq is not None:
             where += " AND seq < ?"
             params.append(before_seq)
@@ -441,7 +456,7 @@ class SQLiteStorage(Storage):
     async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         rows = self.db.execute("SELECT key, message FROM inbox WHERE thread_id = ? AND delivered = 0 "
                                "ORDER BY created_at, rowid", (thread_id,))
-        return [(key, message_from_dict(json.loads(message))) for key, message in rows.fetchall()]
+        return [(key, inbox_message(message)) for key, message in rows.fetchall()]
 
     async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
         self.writer.execute("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key IN "
@@ -468,7 +483,8 @@ class SQLiteStorage(Storage):
 
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
                            limit: int = 10, offset: int = 0) -> list[ItemRow]:
-        clauses, params = ["1"], []
+        clauses: list[str] = ["1"]
+        params: list[Any] = []
         if prefix:
             joined = SEP.join(prefix)
             clauses.append("(namespace = ? OR substr(namespace, 1, ?) = ?)")
@@ -486,20 +502,13 @@ class SQLiteStorage(Storage):
         rows = self.db.execute("SELECT DISTINCT namespace FROM items")
         return matching_namespaces((joined for (joined,) in rows), prefix, suffix, max_depth, limit, offset)
 
-    # -- helpers
-
-    def _update(self, table: str, key: str, value: str, fields: dict[str, Any]) -> None:
-        if not fields:
-            return
-        columns = ", ".join(f"{name} = ?" for name in fields)
-        self.writer.execute(f"UPDATE {table} SET {columns} WHERE {key} = ?", (*field_values(fields), value))
-
 
 def _migrate(db: sqlite3.Connection, path: str, migrations: Sequence[Sequence[str]]) -> None:
     """Bring the file's schema up to date, one transaction for all steps (other processes wait)."""
     db.execute("BEGIN IMMEDIATE")
     try:
-        db.execute(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+        db.execute(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} "
+                   "(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
         current = db.execute(f"SELECT coalesce(max(version), 0) FROM {VERSION_TABLE}").fetchone()[0]
         for version, statements in to_apply(current, migrations, path):
             for statement in statements:

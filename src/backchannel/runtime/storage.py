@@ -1,180 +1,98 @@
-"""What the runtime keeps, and the interface every storage backend implements.
+"""The contracts storage backends implement: narrow protocols, one per kind of row, and the coordinator.
 
-The runtime never speaks SQL: it calls these async methods with Python
-objects (rows are small dataclasses; state updates and messages as they are),
-and each backend stores them its own way.
+The runtime never speaks SQL: it calls these async methods with the rows of
+:mod:`backchannel.runtime.rows`, and each backend (memory, SQLite, Postgres)
+stores them its own way. Each part of the runtime is typed against the
+protocols it uses (the checkpointer against :class:`CheckpointStorage`, the
+inbox against :class:`InboxStorage`, ...); :class:`Storage` is all of them,
+what a backend provides. :func:`~backchannel.runtime.backends.open_storage`
+picks a backend from a URL.
+
+To add a storage method: declare it on the protocol of its rows, implement
+it in the three backends, and add a case to ``tests/runtime/test_storage.py``
+(which runs every case on every backend).
 """
 
 from __future__ import annotations
 
 import abc
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from backchannel.messages import AnyMessage
+from backchannel.runtime.rows import (
+    CancelAction,
+    CheckpointRow,
+    ItemRow,
+    RunEnd,
+    RunRow,
+    RunStatus,
+    ThreadRow,
+    ThreadStatus,
+)
 
-if TYPE_CHECKING:
-    from backchannel.runtime.coordination import Coordinator
-
-__all__ = ["THREAD_SORT_SQL", "CheckpointRow", "ItemRow", "RunEnd", "RunRow", "Storage", "ThreadRow", "now_iso", "open_storage",
-           "thread_order"]
-
-
-_second: tuple[int, str] = (0, "")  # the last whole second asked for, formatted
-
-
-def now_iso() -> str:
-    """The current UTC time as ISO 8601 with microseconds, the format the LangGraph API uses.
-
-    Every row written gets one, so the date part is formatted once a second.
-    """
-    global _second
-    now = time.time()
-    second, text = _second
-    if int(now) != second:
-        second = int(now)
-        text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        _second = (second, text)
-    return f"{text}.{int((now - second) * 1_000_000):06d}+00:00"
+__all__ = ["CheckpointStorage", "Coordinator", "InboxStorage", "ItemStorage", "RunStorage", "Storage",
+           "ThreadStorage", "WorkerStorage", "pick_claims"]
 
 
-_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at", "state_updated_at"})
-# What SQL sorts threads by for each sortable name: a column, or when the state last changed (the
-# newest checkpoint's time; the thread's own for a thread without one).
-THREAD_SORT_SQL = {"state_updated_at": "coalesce((SELECT c.created_at FROM checkpoints c WHERE c.thread_id = "
-                                       "threads.thread_id ORDER BY c.seq DESC LIMIT 1), threads.updated_at)"}
+class ThreadStorage(Protocol):
+    """Threads: conversations, with their status, metadata, pending interrupts and error."""
 
-
-def thread_order(sort_by: str, sort_order: str) -> tuple[str, str]:
-    """The column and direction to sort threads by; ``ValueError`` for a column that is not sortable."""
-    if sort_by not in _THREAD_SORT:
-        raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
-    return sort_by, "ASC" if sort_order.lower() == "asc" else "DESC"
-
-
-
-@dataclass(slots=True)
-class ThreadRow:
-    thread_id: str
-    created_at: str
-    updated_at: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    status: str = "idle"
-    interrupts: list[dict[str, Any]] = field(default_factory=list)
-    error: dict[str, Any] | None = None
-
-
-@dataclass(slots=True)
-class RunRow:
-    run_id: str
-    thread_id: str
-    assistant_id: str
-    created_at: str
-    updated_at: str
-    status: str = "pending"
-    metadata: dict[str, Any] = field(default_factory=dict)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    multitask_strategy: str = "reject"
-    worker_id: str | None = None
-    scheduled_at: str = ""
-    error: dict[str, Any] | None = None
-    concurrency_key: str | None = None  # runs sharing a key run at most concurrency_limit at a time
-    concurrency_limit: int | None = None
-
-
-@dataclass(slots=True)
-class CheckpointRow:
-    """One recorded step: the state change (``delta``) and the stage the run continues at."""
-
-    thread_id: str
-    checkpoint_id: str
-    parent_id: str | None
-    seq: int
-    run_id: str | None
-    delta: Mapping[str, Any]  # the state update; messages as objects or as their dicts
-    next: str  # the stage to continue at; "" when the run ended there
-    metadata: dict[str, Any]
-    created_at: str
-
-
-@dataclass(slots=True)
-class RunEnd:
-    """How a run ended: what :meth:`Storage.finish_run` records in one write."""
-
-    run_id: str
-    thread_id: str
-    status: str  # the run's: success, error, timeout or interrupted
-    thread_status: str  # idle, interrupted or error; busy instead while another run of the thread is active
-    updated_at: str
-    error: dict[str, Any] | None = None  # the run's error
-    thread_error: dict[str, Any] | None = None  # the thread's error, in LangGraph's shape
-    interrupts: list[dict[str, Any]] | None = None  # the thread's pending interrupts (None: unchanged)
-    checkpoint_next: tuple[str, str] | None = None  # (checkpoint_id, stage): where the thread continues
-
-
-@dataclass(slots=True)
-class ItemRow:
-    namespace: tuple[str, ...]
-    key: str
-    value: dict[str, Any]
-    created_at: str
-    updated_at: str
-
-
-class Storage(abc.ABC):
-    """A storage backend. Methods are async so networked backends fit; local ones return at once."""
-
-    # -- lifecycle
-    @abc.abstractmethod
-    async def open(self) -> None:
-        """Create tables if needed; called once before use."""
-
-    @abc.abstractmethod
-    async def close(self) -> None:
-        """Release connections."""
-
-    # -- threads
     @abc.abstractmethod
     async def create_thread(self, row: ThreadRow) -> bool:
         """Insert a thread; ``False`` if its id is taken."""
 
     @abc.abstractmethod
-    async def get_thread(self, thread_id: str) -> ThreadRow | None: ...
+    async def get_thread(self, thread_id: str) -> ThreadRow | None:
+        """The thread, or ``None``."""
 
     @abc.abstractmethod
-    async def update_thread(self, thread_id: str, **fields: Any) -> None: ...
+    async def update_thread(self, thread_id: str, *, status: ThreadStatus | None = None,
+                            metadata: dict[str, Any] | None = None, interrupts: list[dict[str, Any]] | None = None,
+                            updated_at: str | None = None) -> None:
+        """Change the fields given (``None`` leaves a field as it is); a missing thread is ignored."""
 
     @abc.abstractmethod
     async def delete_thread(self, thread_id: str) -> bool:
         """Delete a thread with its runs, checkpoints and messages waiting for it."""
 
     @abc.abstractmethod
-    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: str | None = None,
+    async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: ThreadStatus | None = None,
                              ids: Sequence[str] | None = None, limit: int = 10, offset: int = 0,
-                             sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]: ...
+                             sort_by: str = "created_at", sort_order: str = "desc") -> list[ThreadRow]:
+        """Threads whose metadata contains ``metadata`` (and of that status, among ``ids``), sorted."""
 
     @abc.abstractmethod
     async def count_threads(self, *, metadata: dict[str, Any] | None = None,
-                            status: str | None = None) -> int: ...
+                            status: ThreadStatus | None = None) -> int:
+        """How many threads :meth:`search_threads` would find without a limit."""
 
-    # -- runs
-    @abc.abstractmethod
-    async def create_run(self, row: RunRow) -> None: ...
+
+class RunStorage(Protocol):
+    """Runs: queued, claimed by a worker, ended; and taken over when their worker dies.
+
+    The claim rule: a run is claimable by its worker when it is pending, its
+    ``scheduled_at`` has passed, no other run of its thread is running and its
+    concurrency key (if any) has fewer than its limit running; the oldest go
+    first, one per thread (:func:`pick_claims` applies it to rows already due).
+    The finish rule: a run's end sets its thread's status, unless another run of
+    the thread is still pending or running, which keeps the thread ``busy``.
+    """
 
     @abc.abstractmethod
-    async def get_run(self, run_id: str) -> RunRow | None: ...
+    async def create_run(self, row: RunRow) -> None:
+        """Insert a run."""
 
     @abc.abstractmethod
-    async def update_run(self, run_id: str, **fields: Any) -> None: ...
+    async def get_run(self, run_id: str) -> RunRow | None:
+        """The run, or ``None``."""
 
     @abc.abstractmethod
-    async def delete_run(self, run_id: str) -> bool: ...
+    async def delete_run(self, run_id: str) -> bool:
+        """Delete a run (not its checkpoints); ``False`` if there was none."""
 
     @abc.abstractmethod
-    async def list_runs(self, thread_id: str, *, status: str | None = None, limit: int = 10,
+    async def list_runs(self, thread_id: str, *, status: RunStatus | None = None, limit: int = 10,
                         offset: int = 0) -> list[RunRow]:
         """A thread's runs, newest first."""
 
@@ -184,56 +102,36 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
-        """Mark up to ``limit`` runs of this worker ``running`` and return them.
-
-        A run is claimable when it is pending, its ``scheduled_at`` has passed,
-        no other run of its thread is running and its concurrency key (if any)
-        has fewer than its limit running; the oldest go first, one per thread.
-        """
+        """Mark up to ``limit`` claimable runs of this worker ``running`` and return them (see the claim rule)."""
 
     @abc.abstractmethod
     async def finish_run(self, end: RunEnd) -> bool:
-        """Record a run's end: its status and error; its thread's status (``busy`` while another run
-        of the thread is pending or running), error and interrupts; and, if given, the ``next`` stage
-        of the checkpoint the run stopped at. Returns whether the thread has undelivered inbox messages.
+        """Record a run's end: its status and error; its thread's status (see the finish rule), error and
+        interrupts; and, if given, the ``next`` stage of the checkpoint the run stopped at. Returns whether
+        the thread has undelivered inbox messages.
+        """
+
+    @abc.abstractmethod
+    async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
+        """Cancel a run that has not started: ``interrupt`` marks it interrupted, ``rollback`` deletes it.
+        Its thread, busy on its account, turns idle unless another run is pending or running.
+
+        ``False`` when it is no longer pending (a worker claimed it meanwhile). One atomic change.
         """
 
     @abc.abstractmethod
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
         """Give the running and pending runs of workers that are neither in ``alive_workers`` nor
-        registered (see :meth:`heartbeat`) to ``new_worker_id``, as pending.
+        registered (see :meth:`WorkerStorage.heartbeat`) to ``new_worker_id``, as pending.
 
         The caller forgets the workers it found dead first; a worker that registered since it
         looked keeps its runs.
         """
 
-    async def drop_pending_run(self, run_id: str, action: str, now: str) -> bool:
-        """Cancel a run that has not started: ``interrupt`` marks it interrupted, ``rollback`` deletes it.
-        Its thread, busy on its account, turns idle (interrupted while a person's answer is still
-        pending) unless another run is pending or running.
 
-        ``False`` when it is no longer pending (a worker claimed it meanwhile). Backends shared by
-        several processes do this in one conditional statement.
-        """
-        row = await self.get_run(run_id)
-        if row is None or row.status != "pending":
-            return False
-        if action == "rollback":
-            await self.delete_run(run_id)
-        else:
-            await self.update_run(run_id, status="interrupted", updated_at=now)
-        if not await self.active_runs(row.thread_id):
-            thread = await self.get_thread(row.thread_id)
-            if thread is not None and thread.status == "busy":
-                await self.update_thread(row.thread_id, status="interrupted" if thread.interrupts else "idle")
-        return True
+class WorkerStorage(Protocol):
+    """The processes (workers) running runs, for crash recovery: who is alive, and how to reach them."""
 
-    def coordinator(self) -> Coordinator | None:
-        """How runtimes in several processes on this storage reach each other; ``None`` for a
-        storage one process uses at a time (memory; SQLite, whose runtimes each run their own runs)."""
-        return None
-
-    # -- workers (who is alive, for crash recovery)
     @abc.abstractmethod
     async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> bool:
         """Register the worker, or renew its registration; ``True`` if it was registered already.
@@ -247,15 +145,25 @@ class Storage(abc.ABC):
         """Every known worker: id -> (info, last heartbeat)."""
 
     @abc.abstractmethod
-    async def forget_worker(self, worker_id: str) -> None: ...
+    async def forget_worker(self, worker_id: str) -> None:
+        """Remove a worker's registration."""
 
-    # -- checkpoints
+    def coordinator(self) -> Coordinator | None:
+        """How runtimes in several processes on this storage reach each other; ``None`` for a
+        storage one process uses at a time (memory; SQLite, whose runtimes each run their own runs)."""
+        return None
+
+
+class CheckpointStorage(Protocol):
+    """Checkpoints (each step's state change) and the tool results of a parallel batch not yet checkpointed."""
+
     @abc.abstractmethod
     async def put_checkpoint(self, row: CheckpointRow) -> None:
         """Append a checkpoint."""
 
     @abc.abstractmethod
-    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None: ...
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
+        """One checkpoint of the thread, or ``None``."""
 
     @abc.abstractmethod
     async def head_checkpoint(self, thread_id: str) -> CheckpointRow | None:
@@ -271,26 +179,33 @@ class Storage(abc.ABC):
         """The checkpoints from the thread's first up to ``checkpoint_id``, following parents."""
 
     @abc.abstractmethod
-    async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None: ...
+    async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
+        """Change the stage a checkpoint continues at."""
 
     @abc.abstractmethod
-    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None: ...
+    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
+        """Delete the checkpoints one run wrote (a rollback)."""
 
     @abc.abstractmethod
-    async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None: ...
+    async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
+        """Copy a thread's checkpoints to another thread (a fork)."""
 
     @abc.abstractmethod
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
         """Keep one finished tool call of a parallel batch until the batch is checkpointed."""
 
     @abc.abstractmethod
-    async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]: ...
+    async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
+        """The thread's pending tool results, by tool call id."""
 
     @abc.abstractmethod
     async def clear_pending_writes(self, thread_id: str) -> None:
         """Drop a thread's pending tool results once their batch is checkpointed."""
 
-    # -- inbox: messages for a thread, delivered into its next model call or a new run
+
+class InboxStorage(Protocol):
+    """Messages for a thread (task notifications), delivered into its next model call or a new run."""
+
     @abc.abstractmethod
     async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
         """Queue a message for a thread once per ``key``; ``False`` if that key was seen before."""
@@ -300,59 +215,85 @@ class Storage(abc.ABC):
         """Undelivered ``(key, message)`` pairs, oldest first."""
 
     @abc.abstractmethod
-    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None: ...
+    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
+        """Mark messages delivered."""
 
     @abc.abstractmethod
     async def threads_with_mail(self) -> list[str]:
         """Threads that have undelivered inbox messages."""
 
-    # -- the key-value store
-    @abc.abstractmethod
-    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None: ...
+
+class ItemStorage(Protocol):
+    """The key-value store shared by all threads, addressed by namespace tuples."""
 
     @abc.abstractmethod
-    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None: ...
+    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
+        """Insert or replace an item (its ``created_at`` stays)."""
 
     @abc.abstractmethod
-    async def delete_item(self, namespace: tuple[str, ...], key: str) -> None: ...
+    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
+        """The item, or ``None``."""
+
+    @abc.abstractmethod
+    async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
+        """Delete an item, if it exists."""
 
     @abc.abstractmethod
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
-                           limit: int = 10, offset: int = 0) -> list[ItemRow]: ...
+                           limit: int = 10, offset: int = 0) -> list[ItemRow]:
+        """Items under a namespace prefix whose values contain ``filter``, most recently updated first."""
 
     @abc.abstractmethod
     async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),
                               max_depth: int | None = None, limit: int = 100,
-                              offset: int = 0) -> list[tuple[str, ...]]: ...
+                              offset: int = 0) -> list[tuple[str, ...]]:
+        """The distinct namespaces with this prefix and suffix, cut at ``max_depth``, sorted."""
 
 
-def open_storage(url: str | Storage) -> Storage:
-    """A backend from a URL: ``"memory"``, ``"sqlite:///path/to/file.db"`` (``~`` expands), a path, or
-    ``"postgresql://user:password@host/database"`` (needs the ``postgres`` extra)."""
-    if isinstance(url, Storage):
-        return url
-    if url in ("memory", ":memory:"):
-        from backchannel.runtime.memory import MemoryStorage
+class Storage(ThreadStorage, RunStorage, WorkerStorage, CheckpointStorage, InboxStorage, ItemStorage, Protocol):
+    """A storage backend: every kind of row. Methods are async so networked backends fit."""
 
-        return MemoryStorage()
-    if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
-        return _postgres(url)
-    from backchannel.runtime.sqlite import SQLiteStorage
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Create or migrate the tables; called once before use."""
 
-    if url in ("sqlite://:memory:", "sqlite:///:memory:"):
-        return SQLiteStorage(":memory:")
-    if url.startswith("sqlite:///"):
-        return SQLiteStorage(url.removeprefix("sqlite:///"))
-    if "://" in url:
-        scheme = url.split("://", 1)[0]
-        raise ValueError(f"unsupported store URL {url!r}: scheme {scheme!r}; use 'memory', 'sqlite:///path' "
-                         "or 'postgresql://user:password@host/database'")
-    return SQLiteStorage(url)
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections (writes made before stay)."""
 
 
-def _postgres(url: str) -> Storage:
-    try:
-        from backchannel.runtime.postgres import PostgresStorage
-    except ImportError as exc:
-        raise ImportError(f"a Postgres store needs psycopg 3 ({exc}): pip install 'backchannel[postgres]'") from exc
-    return PostgresStorage(url)
+class Coordinator(abc.ABC):
+    """Messages between every process on one database, this one included, in the order they were sent."""
+
+    @abc.abstractmethod
+    async def start(self, receive: Callable[[dict[str, Any]], None]) -> None:
+        """Begin delivering every message (from any process) to ``receive``."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Send what is queued, then stop."""
+
+    @abc.abstractmethod
+    def publish(self, message: dict[str, Any]) -> None:
+        """Queue ``message`` (JSON-able) for every process; sent soon, in order."""
+
+
+def pick_claims(candidates: Iterable[RunRow], running_by_key: Mapping[str, int], limit: int) -> list[RunRow]:
+    """The claim rule for backends that apply it in Python: from ``candidates`` (due, of the claiming
+    worker, on threads with no running run, oldest first), up to ``limit`` runs, one per thread, each
+    concurrency key below its limit counting the ``running_by_key`` already."""
+    claimed: list[RunRow] = []
+    threads: set[str] = set()
+    claimed_by_key: dict[str, int] = {}
+    for row in candidates:
+        if len(claimed) == limit:
+            break
+        key = row.concurrency_key
+        if row.thread_id in threads or (key and running_by_key.get(key, 0) + claimed_by_key.get(key, 0)
+                                         >= (row.concurrency_limit or 1)):
+            continue
+        threads.add(row.thread_id)
+        if key:
+            claimed_by_key[key] = claimed_by_key.get(key, 0) + 1
+        claimed.append(row)
+    return claimed

@@ -1,14 +1,17 @@
-"""The event stream of one run, kept so late joiners can replay it."""
+"""Runs' event streams: each run's, kept so late joiners can replay it, and the ones this process keeps."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 from backchannel.events import Event, EventBus
+from backchannel.runtime.modes import wants_values
+from backchannel.runtime.rows import RunRow, RunStatus
 
-__all__ = ["RunStream"]
+__all__ = ["RunStream", "Streams"]
 
 
 class RunStream:
@@ -26,13 +29,13 @@ class RunStream:
         self.resumable = resumable
         self.bus = EventBus(wants_values=values)
         self.events: list[Event] = []
-        self.status: str | None = None
+        self.status: RunStatus | None = None
         self.error: dict[str, Any] | None = None
         self.final_values: dict[str, Any] | None = None
         self.exception: BaseException | None = None  # the agent's own error, for in-process callers
         # How the run ended, for joiners: its row as stored, the interrupts it paused on, and for
         # a stateless run (its thread deleted) its whole result.
-        self.final_row: Any = None
+        self.final_row: RunRow | None = None
         self.interrupts: list[dict[str, Any]] = []
         self.result: dict[str, Any] | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -65,7 +68,7 @@ class RunStream:
         """Publish an event on behalf of the runtime (not the agent)."""
         self.bus.publish(Event(type, data, (), agent, thread_id, self.run_id))
 
-    def finish(self, status: str, *, error: dict[str, Any] | None = None,
+    def finish(self, status: RunStatus, *, error: dict[str, Any] | None = None,
                values: dict[str, Any] | None = None) -> None:
         """Mark the run ended; followers drain what is left and stop."""
         self.status = status
@@ -75,7 +78,7 @@ class RunStream:
         if not self.resumable and not self._awaited:
             self.events = []  # only live readers could see them; each drains the list it follows
 
-    async def wait(self) -> str:
+    async def wait(self) -> RunStatus:
         """Wait for the run to end; returns its status."""
         while self.status is None:
             await self._next_change()
@@ -121,3 +124,34 @@ def _first_after(events: list[Event], seq: int) -> int:
         else:
             hi = mid
     return lo
+
+
+class Streams:
+    """The streams this process knows: of runs created or executing here, of runs followed from other
+    processes, and of the last ``kept`` runs that ended, for late joiners."""
+
+    def __init__(self, kept: int = 1000) -> None:
+        self.kept = kept
+        self._streams: dict[str, RunStream] = {}
+        self._finished: deque[str] = deque()  # ids of ended runs whose streams are kept, oldest first
+
+    def new(self, row: RunRow, *, watched: bool = False) -> RunStream:
+        """The event stream of a new run; ``watched`` when its creator follows it from the start."""
+        resumable = bool(row.kwargs.get("stream_resumable"))
+        stream = RunStream(row.run_id, resumable=resumable, watched=watched,
+                           values=(resumable or watched) and wants_values(row.kwargs.get("stream_mode") or ()))
+        self._streams[row.run_id] = stream
+        return stream
+
+    def add(self, stream: RunStream) -> None:
+        """Know a stream made elsewhere (a run followed from another process)."""
+        self._streams[stream.run_id] = stream
+
+    def get(self, run_id: str) -> RunStream | None:
+        return self._streams.get(run_id)
+
+    def retire(self, stream: RunStream) -> None:
+        """Keep the streams of the last runs that ended, for late joiners; forget older ones."""
+        self._finished.append(stream.run_id)
+        while len(self._finished) > self.kept:
+            self._streams.pop(self._finished.popleft(), None)

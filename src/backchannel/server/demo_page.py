@@ -66,7 +66,7 @@ class DemoPage:
                   "offline": "true" if self.model is None else "false", "prompt": self.prompt}
         page = _asset("index.html")
         for key, value in fields.items():
-            page = page.replace("{{%s}}" % key, html.escape(value, quote=True))
+            page = page.replace(f"{{{{{key}}}}}", html.escape(value, quote=True))
         return page
 
 

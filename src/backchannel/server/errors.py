@@ -48,5 +48,6 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return detail(500, f"internal server error ({type(exc).__name__}); see the server log")
 
 
-EXCEPTION_HANDLERS = {HTTPException: _http_error, **{kind: _known_error(code) for kind, code in _STATUS.items()},
-                      Exception: _unexpected}
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+EXCEPTION_HANDLERS: dict[type[Exception], Handler] = {
+    HTTPException: _http_error, **{kind: _known_error(code) for kind, code in _STATUS.items()}, Exception: _unexpected}

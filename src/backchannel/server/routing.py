@@ -18,11 +18,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 __all__ = ["MAX_INT", "MAX_JSON_DEPTH", "Endpoint", "JSONResponse", "Query", "dump", "query_bool", "query_int",
            "read_body", "render_json", "routes", "runtime_of"]
 
-Handler = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[Request], Awaitable[ASGIApp]]  # a Response, or an ASGI app that streams
 MAX_JSON_DEPTH = 100  # deeper bodies are refused: state this deep could not be stored and read back
 MAX_INT = 2**31 - 1  # the largest limit or offset a request may give (storage keeps them in 32 bits)
 M = TypeVar("M", bound=BaseModel)

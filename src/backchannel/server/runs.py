@@ -53,7 +53,7 @@ async def create_run(request: Request) -> Response:
     return JSONResponse(run, headers=_run_headers(thread_id, run["run_id"]))
 
 
-async def stream_run(request: Request) -> Response:
+async def stream_run(request: Request) -> Response | StreamingBody:
     body = await read_body(request, RunCreate)
     rt = runtime_of(request)
     thread_id = request.path_params.get("thread_id")
@@ -66,7 +66,7 @@ async def stream_run(request: Request) -> Response:
         on_disconnect=_canceller(rt, thread_id, run_id) if body.on_disconnect == "cancel" else None)
 
 
-async def wait_run(request: Request) -> Response:
+async def wait_run(request: Request) -> Response | StreamingBody:
     body = await read_body(request, RunCreate)
     rt = runtime_of(request)
     thread_id = request.path_params.get("thread_id")
@@ -95,7 +95,7 @@ async def delete_run(request: Request) -> Response:
     return Response(status_code=204)
 
 
-async def join_run(request: Request) -> Response:
+async def join_run(request: Request) -> Response | StreamingBody:
     rt = runtime_of(request)
     thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
     await rt.runs.get(thread_id, run_id)  # 404 for an unknown run, before the response starts
@@ -105,7 +105,7 @@ async def join_run(request: Request) -> Response:
         on_disconnect=_canceller(rt, thread_id, run_id) if query_bool(request, "cancel_on_disconnect") else None)
 
 
-async def join_run_stream(request: Request) -> Response:
+async def join_run_stream(request: Request) -> Response | StreamingBody:
     rt = runtime_of(request)
     thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
     run = await rt.runs.get(thread_id, run_id)
@@ -119,7 +119,7 @@ async def join_run_stream(request: Request) -> Response:
         on_disconnect=_canceller(rt, thread_id, run_id) if query_bool(request, "cancel_on_disconnect") else None)
 
 
-async def cancel_run(request: Request) -> Response:
+async def cancel_run(request: Request) -> Response | StreamingBody:
     rt = runtime_of(request)
     thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
     action = request.query_params.get("action") or "interrupt"

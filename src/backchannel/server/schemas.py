@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backchannel.runtime.clients import MULTITASK_STRATEGIES
-from backchannel.runtime.modes import STREAM_MODES
+from backchannel.runtime.modes import StreamMode
 from backchannel.runtime.run_options import MAX_DELAY
+from backchannel.runtime.wire import MultitaskStrategy
 from backchannel.server.routing import MAX_INT
 
 __all__ = [
@@ -23,10 +23,8 @@ __all__ = [
     "ThreadCreate", "ThreadPatch", "ThreadSearch",
 ]
 
-# The runtime's own lists, so a mode or strategy it adds is accepted (and documented) here too.
-# STREAM_MODES is a set: sorted, the OpenAPI enum keeps one order from run to run.
-StreamMode = Literal[tuple(sorted(STREAM_MODES))]  # type: ignore[valid-type]
-MultitaskStrategy = Literal[MULTITASK_STRATEGIES]  # type: ignore[valid-type]
+# StreamMode and MultitaskStrategy are the runtime's own types, so a mode or strategy it adds is
+# accepted (and documented) here too.
 
 
 class Body(BaseModel):

@@ -57,7 +57,7 @@ def as_file_data(value: Any) -> FileData:
     content = value["content"]
     if isinstance(content, list):  # deepagents' older form: a list of lines
         return {"encoding": "utf-8", **value, "content": "\n".join(content)}
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def is_edit(value: Any) -> bool:

@@ -1,9 +1,10 @@
 """Runtimes in several processes on one database: the messages they exchange, and what each does with them.
 
-A storage backend that many processes share provides a :class:`Coordinator`
-(Postgres: ``LISTEN/NOTIFY``); memory and SQLite provide none, and their
-runtimes keep their in-process paths. Over it, :class:`Peers` tells the other
-processes what they need to know:
+A storage backend that many processes share provides a
+:class:`~backchannel.runtime.storage.Coordinator` (Postgres: ``LISTEN/NOTIFY``);
+memory and SQLite provide none, and their runtimes keep their in-process paths
+(:attr:`Peers.shared` is then false and every message a no-op). Over it,
+:class:`Peers` tells the other processes what they need to know:
 
 - ``queued`` / ``kick``: a run was queued behind another process's run on the same thread; that
   process says when its run has ended, so the queued one starts at once;
@@ -13,60 +14,53 @@ processes what they need to know:
   relays the run's events until it ends (``runs.join_stream`` on any process sees any run).
 
 Runs belong to the process that created them and run there while it lives; the
-others take them over when its lease lapses (see ``LocalRuntime``).
+others take them over when its lease lapses (see :mod:`backchannel.runtime.recovery`).
+What the others' messages make this process do (start queued runs, cancel one,
+take mail) is done by the runtime's other parts, handed to :meth:`Peers.start`.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import Any, cast, get_args
 
 from backchannel.events import Event
 from backchannel.messages import message_from_dict
-from backchannel.runtime.storage import RunRow
-from backchannel.runtime.streams import RunStream
+from backchannel.runtime.rows import ACTIVE, CancelAction, RunRow, RunStatus
+from backchannel.runtime.storage import Coordinator, RunStorage
+from backchannel.runtime.streams import RunStream, Streams
 from backchannel.serde import to_jsonable
 
-if TYPE_CHECKING:
-    from backchannel.runtime.local import LocalRuntime
-
-__all__ = ["Coordinator", "Peers"]
+__all__ = ["Peers"]
 
 logger = logging.getLogger("backchannel")
 
 _WATCH_KEPT = 60.0  # seconds a watch for a run nobody here has started yet is remembered
 _AWAITED_KEPT = 10_000  # threads remembered as awaited elsewhere, at most
 _CHECK_EVERY = 1.0  # seconds between a follower's looks at a remote run's row (its executor may die)
-_ACTIVE = ("pending", "running")
+_STATUSES = frozenset(get_args(RunStatus))
 
 
-class Coordinator(abc.ABC):
-    """Messages between every process on one database, this one included, in the order they were sent."""
-
-    @abc.abstractmethod
-    async def start(self, receive: Callable[[dict[str, Any]], None]) -> None:
-        """Begin delivering every message (from any process) to ``receive``."""
-
-    @abc.abstractmethod
-    async def stop(self) -> None:
-        """Send what is queued, then stop."""
-
-    @abc.abstractmethod
-    def publish(self, message: dict[str, Any]) -> None:
-        """Queue ``message`` (JSON-able) for every process; sent soon, in order."""
+def _nothing(*_: Any) -> None:
+    return None
 
 
 class Peers:
     """One runtime's side of the conversation with the other processes on its database."""
 
-    def __init__(self, runtime: LocalRuntime, coordinator: Coordinator) -> None:
-        self.runtime = runtime
-        self.coordinator = coordinator
-        self.me = runtime.worker_id
+    def __init__(self, worker_id: str, storage: RunStorage, streams: Streams) -> None:
+        self.me = worker_id
+        self.storage = storage
+        self.streams = streams
+        self.coordinator: Coordinator | None = None
+        # What the others' messages make this process do; set by start().
+        self._kick: Callable[[], None] = _nothing
+        self._cancel: Callable[[str, CancelAction], object] = _nothing
+        self._mail: Callable[[str], None] = _nothing
+        self._executing: Callable[[str], bool] = lambda run_id: False
         self._watched: dict[str, tuple[float, bool]] = {}  # run -> (when asked, wants values), not started here
         self._relays: dict[str, _Relay] = {}  # runs executed here that others follow
         # Threads with runs queued elsewhere, maybe behind a run of this process (oldest first, bounded).
@@ -74,22 +68,36 @@ class Peers:
         self._remote: dict[str, _Feed] = {}  # runs executed elsewhere that somebody here follows
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def start(self) -> None:
-        await self.coordinator.start(self._receive)
+    @property
+    def shared(self) -> bool:
+        """Whether other processes share the database (runs may execute, or be followed, elsewhere)."""
+        return self.coordinator is not None
+
+    async def start(self, coordinator: Coordinator, *, kick: Callable[[], None],
+                    cancel: Callable[[str, CancelAction], object], mail: Callable[[str], None],
+                    executing: Callable[[str], bool]) -> None:
+        """Listen to the other processes: ``kick`` the scheduler, ``cancel`` a run executing here, tell
+        this process of ``mail`` for a thread, and ask whether a run is ``executing`` here."""
+        self._kick, self._cancel, self._mail, self._executing = kick, cancel, mail, executing
+        self.coordinator = coordinator
+        await coordinator.start(self._receive)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.coordinator.stop()
+        if self.coordinator is not None:
+            coordinator, self.coordinator = self.coordinator, None
+            await coordinator.stop()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def _send(self, kind: str, **fields: Any) -> None:
-        self.coordinator.publish({"k": kind, "w": self.me, **fields})
+        if self.coordinator is not None:
+            self.coordinator.publish({"k": kind, "w": self.me, **fields})
 
     # -- what this process tells the others
 
@@ -101,7 +109,7 @@ class Peers:
         """A run was queued here behind runs of other processes on ``thread_id``."""
         self._send("queued", thread=thread_id)
 
-    def cancel(self, run_id: str, action: str) -> None:
+    def cancel(self, run_id: str, action: CancelAction) -> None:
         self._send("cancel", run=run_id, action=action)
 
     def mail(self, thread_id: str) -> None:
@@ -113,7 +121,7 @@ class Peers:
         if feed is None:
             stream = RunStream(row.run_id, resumable=True)
             feed = self._remote[row.run_id] = _Feed(stream, row.worker_id)
-            self.runtime.register_stream(stream)
+            self.streams.add(stream)
             self._spawn(self._check_remote(row.run_id, feed))
         elif feed.values or not values:
             return feed.stream  # asked for already
@@ -135,7 +143,7 @@ class Peers:
         if asked is not None:
             self._relay(row.run_id, stream, 0, asked[1])
 
-    def run_ended(self, row: RunRow, status: str, error: dict[str, Any] | None) -> None:
+    def run_ended(self, row: RunRow, status: RunStatus, error: dict[str, Any] | None) -> None:
         """Tell the run's followers elsewhere, and the processes with runs queued behind it."""
         relay = self._relays.pop(row.run_id, None)
         if relay is not None:
@@ -165,7 +173,7 @@ class Peers:
 
     def _on_kick(self, message: dict[str, Any]) -> None:
         if message["w"] != self.me:
-            self.runtime.kick()
+            self._kick()
 
     def _on_queued(self, message: dict[str, Any]) -> None:
         if message["w"] != self.me:
@@ -174,20 +182,20 @@ class Peers:
                 del self._awaited[next(iter(self._awaited))]
 
     def _on_cancel(self, message: dict[str, Any]) -> None:
-        self.runtime.cancel_local(message["run"], message["action"])
+        if message["action"] in ("interrupt", "rollback"):
+            self._cancel(message["run"], message["action"])
 
     def _on_mail(self, message: dict[str, Any]) -> None:
-        if self.runtime.inbox_of(message["thread"]) is not None:
-            self._spawn(self.runtime.refill_inbox(message["thread"]))
+        self._mail(message["thread"])
 
     def _on_watch(self, message: dict[str, Any]) -> None:
         run_id = message["run"]
         if run_id in self._remote:
             return  # this process follows it too; it is not the executor
-        stream = self.runtime.stream_of(run_id)
-        if stream is not None and self.runtime.is_running_here(run_id):
+        stream = self.streams.get(run_id)
+        if stream is not None and self._executing(run_id):
             self._relay(run_id, stream, message["after"], message["values"])
-        elif stream is not None and stream.finished:
+        elif stream is not None and stream.status is not None:  # it ended here already
             _Relay(self, run_id, stream).close(stream.status, stream.error, replay=message["after"])
         else:
             now = time.monotonic()
@@ -202,20 +210,20 @@ class Peers:
 
     def _on_end(self, message: dict[str, Any]) -> None:
         feed = self._remote.get(message["run"])
-        if feed is not None:
-            self._end_remote(message["run"], feed, message["status"], message.get("error"))
+        if feed is not None and message["status"] in _STATUSES:
+            self._end_remote(message["run"], feed, cast(RunStatus, message["status"]), message.get("error"))
 
-    def _end_remote(self, run_id: str, feed: _Feed, status: str, error: dict[str, Any] | None) -> None:
+    def _end_remote(self, run_id: str, feed: _Feed, status: RunStatus, error: dict[str, Any] | None) -> None:
         if self._remote.pop(run_id, None) is not None:
             feed.stream.finish(status, error=error)
-            self.runtime.retire_stream(feed.stream)
+            self.streams.retire(feed.stream)
 
     async def _check_remote(self, run_id: str, feed: _Feed) -> None:
         """Watch the run's row: end the stream if it ended unseen, ask again if another process took it over."""
         while run_id in self._remote:
             await asyncio.sleep(_CHECK_EVERY)
-            row = await self.runtime.storage.get_run(run_id)
-            if row is None or row.status not in _ACTIVE:
+            row = await self.storage.get_run(run_id)
+            if row is None or row.status not in ACTIVE:
                 self._end_remote(run_id, feed, row.status if row else "interrupted", row.error if row else None)
                 return
             if row.worker_id != feed.worker_id:
@@ -259,7 +267,7 @@ class _Relay:
             events, self._pending = self._pending, []
             self.peers._send("events", run=self.run_id, events=events)
 
-    def close(self, status: str, error: dict[str, Any] | None, *, replay: int | None = None) -> None:
+    def close(self, status: RunStatus, error: dict[str, Any] | None, *, replay: int | None = None) -> None:
         if replay is not None:
             self._pending = [_event_to_wire(e) for e in self.stream.events if e.seq > replay]
         if self._unsubscribe is not None:

@@ -1,0 +1,259 @@
+"""The executor: one run, from its thread's state to its recorded end.
+
+A run loads its thread's newest state (or the checkpoint it asks for), applies
+its input or command as a checkpoint, and runs its agent with a recorder that
+checkpoints every step. It ends ``success`` (also when it paused for a human:
+then its thread is ``interrupted``), ``error``, ``timeout``, or ``interrupted``
+when cancelled; that end is recorded in one write. A run stopped because the
+runtime closes records nothing, and is resumed from its last checkpoint by the
+next runtime to open the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
+from typing import Any
+
+from backchannel._clock import now_iso
+from backchannel.agent import Agent, describe_error
+from backchannel.context import RunContext
+from backchannel.errors import NotFoundError
+from backchannel.messages import AnyMessage, ToolMessage, messages_from_input, pending_tool_calls
+from backchannel.protocols import HostRuntime
+from backchannel.result import RunResult
+from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
+from backchannel.runtime.mail import Mail
+from backchannel.runtime.peers import Peers
+from backchannel.runtime.queue import RunQueue
+from backchannel.runtime.registry import Registry
+from backchannel.runtime.rows import CancelAction, RunEnd, RunRow, RunStatus
+from backchannel.runtime.run_options import iteration_limit
+from backchannel.runtime.scheduler import Scheduler
+from backchannel.runtime.storage import Storage
+from backchannel.runtime.streams import RunStream, Streams
+from backchannel.runtime.webhooks import post_webhook
+from backchannel.runtime.wire import input_update, render_error, render_run, resume_map
+from backchannel.serde import to_jsonable
+from backchannel.state import Reducer, snapshot
+from backchannel.tracing import continued_from
+
+__all__ = ["Executor"]
+
+_GOTO_STAGES = {"model": "before_model", "tools": "tools", "__end__": "", "end": ""}
+
+
+class Executor:
+    """Executes the runs the scheduler starts, and records how each ended."""
+
+    def __init__(self, host: HostRuntime, storage: Storage, checkpoints: Checkpointer, registry: Registry,
+                 streams: Streams, scheduler: Scheduler, queue: RunQueue, mail: Mail, peers: Peers, *,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], object], is_open: Callable[[], bool]) -> None:
+        self.host = host
+        self.storage = storage
+        self.checkpoints = checkpoints
+        self.registry = registry
+        self.streams = streams
+        self.scheduler = scheduler
+        self.queue = queue
+        self.mail = mail
+        self.peers = peers
+        self._spawn = spawn
+        self._is_open = is_open
+
+    async def execute(self, row: RunRow, stream: RunStream) -> None:
+        """Run ``row`` to its end (the scheduler's task for it)."""
+        status: RunStatus = "error"
+        error: dict[str, Any] | None = None
+        values: dict[str, Any] | None = None
+        has_mail = False
+        stored: RunStatus | None = "error"  # the run's status as stored (None: rolled back, gone)
+        agent = self.registry.agent_of(row.assistant_id)
+        try:
+            if agent is None:
+                raise NotFoundError(f"assistant {row.assistant_id!r} is not registered in this runtime")
+            state, result = await self._run_agent(row, agent, stream)
+            status, values, has_mail = await self._finish(row, agent, state, result)
+            stored = "success"  # also when it paused for a human (see _finish)
+            stream.interrupts = [i.to_dict() for i in result.interrupts]
+        except asyncio.CancelledError:
+            action = self.scheduler.cancel_action(row.run_id)
+            if action is None:  # the runtime is closing: leave the run to be resumed
+                stream.finish("interrupted")
+                raise
+            status = await self._cancelled(row, action)
+            stored = None if action == "rollback" else "interrupted"
+        except TimeoutError:
+            status, error = "timeout", {"type": "TimeoutError", "message": "the run exceeded its timeout"}
+            stored = status
+            await self._fail(row, status, error)
+        except Exception as exc:
+            error = describe_error(exc)
+            stream.exception = exc
+            await self._fail(row, "error", error)
+        finally:
+            if self.mail.close_inbox(row.thread_id, row.run_id):
+                has_mail = True  # it came as the run was ending, too late for it: a new run takes it
+            self.scheduler.ended(row.run_id)
+        # Joiners read how the run ended from its stream, not from storage.
+        stream.final_values = values
+        if stored is not None:
+            stream.final_row = replace(row, status=stored, error=error, updated_at=now_iso())
+        if row.kwargs.get("temporary"):
+            await self._drop_temporary(row, stream)
+        stream.finish(status, error=error, values=values)
+        self.streams.retire(stream)
+        self.peers.run_ended(row, status, error)
+        if row.kwargs.get("webhook"):
+            self._call_webhook(row, stream, status, values, error)
+        if status == "success" and has_mail and self._is_open():  # mail came as the run finished: wake it
+            await self.mail.wake(row.thread_id, row.assistant_id)
+
+    def _call_webhook(self, row: RunRow, stream: RunStream, status: RunStatus, values: dict[str, Any] | None,
+                      error: dict[str, Any] | None) -> None:
+        final = stream.final_row
+        if final is None:
+            return  # rolled back: the run is gone
+        payload = {**render_run(final), "status": status, "values": to_jsonable(values) if values else None,
+                   "run_ended_at": now_iso()}
+        if error is not None:
+            payload["error"] = render_error(error)
+        self._spawn(post_webhook(row.kwargs["webhook"], payload))
+
+    async def _run_agent(self, row: RunRow, agent: Agent, stream: RunStream) -> tuple[ThreadState, RunResult]:
+        kwargs = row.kwargs
+        reducers = agent.state_reducers()
+        state = await self._load_state(row, reducers)
+        pending = {}
+        resuming = state.head is not None and state.head.run_id == row.run_id  # after a crash
+        if resuming:
+            stored = await self.storage.pending_writes(row.thread_id)
+            pending = {call_id: _decode_pending(value) for call_id, value in stored.items()}
+        stage, resume = await self._prepare(row, state, reducers, stream, agent)
+        inbox = await self.mail.open_inbox(row.thread_id)
+        if kwargs.get("wake") and not resuming and not inbox.drain():
+            stage = ""  # another run took the mail that was to wake the thread
+        step = state.head.metadata.get("step", 0) if state.head else 0
+        ctx = RunContext(
+            agent.graph_name, row.run_id, thread_id=row.thread_id, bus=stream.bus,
+            context=kwargs.get("context"), store=self.host.store, metadata=row.metadata,
+            recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus,
+                              pending=bool(pending), node_at=agent.node_at),
+            inbox=inbox, resume=resume, pending_tools=pending, runtime=self.host,
+            max_iterations=iteration_limit(kwargs.get("config")))
+        if not stage and not resuming:  # nothing to run (a run resumed after its last step still ends: on_end)
+            return state, RunResult("success", state.values)
+        if kwargs.get("timeout"):
+            ctx.deadline = asyncio.get_running_loop().time() + kwargs["timeout"]
+        with continued_from(kwargs.get("config")):  # the trace of whatever queued the run, across processes
+            return state, await agent.run(state.values, ctx, stage=stage)
+
+    async def _load_state(self, row: RunRow, reducers: Mapping[str, Reducer]) -> ThreadState:
+        checkpoint_id = row.kwargs.get("checkpoint_id")
+        latest = await self.checkpoints.latest(row.thread_id, reducers)
+        if checkpoint_id and not (latest.head and latest.head.run_id == row.run_id):
+            return await self.checkpoints.at(row.thread_id, checkpoint_id, reducers)
+        return latest
+
+    async def _prepare(self, row: RunRow, state: ThreadState, reducers: Mapping[str, Reducer],
+                       stream: RunStream, agent: Agent) -> tuple[str, dict[str, Any]]:
+        """Apply the run's input or command; returns the stage to start at and the resume values."""
+        kwargs = row.kwargs
+        command = kwargs.get("command") or {}
+        resume = kwargs.get("resume_map")
+        if resume is None and "resume" in command:
+            thread = await self.storage.get_thread(row.thread_id)
+            if thread is None:
+                raise NotFoundError(f"Thread with ID {row.thread_id} not found")
+            resume = resume_map(thread, command["resume"])
+        resume = resume or {}
+        if state.head is not None and state.head.run_id == row.run_id:
+            return state.next_stage, resume  # this run was interrupted by a crash: continue it
+        step = state.head.metadata.get("step", -1) if state.head else -2  # a thread's first input is step -1
+        if command.get("update") is not None:
+            await self.checkpoints.write(row.thread_id, state, command["update"], next_stage=state.next_stage,
+                                         source="update", run_id=row.run_id, step=step + 1, reducers=reducers)
+        if "resume" in command:
+            await self.storage.update_thread(row.thread_id, interrupts=[])
+            return state.next_stage, resume
+        if command.get("goto"):
+            return _GOTO_STAGES[command["goto"]], resume
+        if kwargs.get("wake"):
+            return "before_agent", resume
+        if kwargs.get("input") is None:
+            return state.next_stage, resume
+        update = input_update(kwargs["input"])
+        cancelled = _cancelled_tool_results(state.values["messages"])
+        if cancelled:
+            update["messages"] = [*cancelled, *update.get("messages", ())]
+        await self.checkpoints.write(row.thread_id, state, update, next_stage="before_agent", source="input",
+                                     run_id=row.run_id, step=step + 1, reducers=reducers)
+        if stream.bus.wants_values:
+            stream.publish("values", snapshot(state.values), agent=agent.graph_name, thread_id=row.thread_id)
+        return "before_agent", resume
+
+    async def _finish(self, row: RunRow, agent: Agent, state: ThreadState,
+                      result: RunResult) -> tuple[RunStatus, dict[str, Any], bool]:
+        """Record the end of a run that succeeded or paused; returns its status as streams show it, its final
+        values and whether mail waits for the thread."""
+        if not state.newest:  # the run wrote nothing after the checkpoint it started from
+            state = await self.checkpoints.latest(row.thread_id, agent.state_reducers())
+        status: RunStatus
+        if result.status == "interrupted":
+            status, stage, interrupts = "interrupted", result.stage, [i.to_dict() for i in result.interrupts]
+        else:
+            status, stage, interrupts = "success", "", []
+        checkpoint_next = None
+        if state.head is not None and state.head.next != stage:
+            checkpoint_next = (state.head.checkpoint_id, stage)
+            state.head.next = stage
+        # As in LangGraph, a run that paused for a human succeeded: the thread is what waits
+        # ("interrupted"). A run's own "interrupted" status means it was cancelled.
+        has_mail = await self.storage.finish_run(RunEnd(
+            row.run_id, row.thread_id, "success", "interrupted" if interrupts else "idle", now_iso(),
+            interrupts=interrupts, checkpoint_next=checkpoint_next))
+        return status, snapshot(result.state), has_mail
+
+    async def _drop_temporary(self, row: RunRow, stream: RunStream) -> None:
+        """A stateless run's thread goes when the run ends; joiners get the result kept on its stream."""
+        if stream.final_row is not None:
+            stream.result = await self.queue.output(stream.final_row)  # this deletes the thread
+        else:
+            await self.queue.drop_thread(row.thread_id)
+
+    async def _fail(self, row: RunRow, status: RunStatus, error: dict[str, Any]) -> None:
+        self.checkpoints.forget(row.thread_id)
+        # A thread's error has LangGraph's shape: {"error": <type>, "message": ...}.
+        await self.storage.finish_run(RunEnd(row.run_id, row.thread_id, status, "error", now_iso(), error=error,
+                                             thread_error=render_error(error)))
+
+    async def _cancelled(self, row: RunRow, action: CancelAction) -> RunStatus:
+        self.checkpoints.forget(row.thread_id)
+        error = None
+        if action == "rollback":
+            await self.storage.delete_checkpoints_of_run(row.thread_id, row.run_id)
+        else:
+            error = {"error": "UserInterrupt",
+                     "message": f"interrupt requested via POST /threads/{row.thread_id}/runs/{row.run_id}/cancel"}
+        # As in LangGraph, a cancelled run leaves its thread idle: "interrupted" means waiting for a person.
+        thread = await self.storage.get_thread(row.thread_id)
+        waiting = thread is not None and bool(thread.interrupts)
+        await self.storage.finish_run(RunEnd(row.run_id, row.thread_id, "interrupted",
+                                             "interrupted" if waiting else "idle", now_iso(), thread_error=error))
+        if action == "rollback":
+            await self.storage.delete_run(row.run_id)
+        return "interrupted"
+
+
+def _cancelled_tool_results(messages: list[AnyMessage]) -> list[ToolMessage]:
+    """Results for tool calls a cancelled run left unanswered (providers reject a call without a result)."""
+    _, calls = pending_tool_calls(messages)
+    return [ToolMessage(f"Tool call {c.get('name')!r} (id {c['id']}) was cancelled before it finished.",
+                        c["id"], c.get("name"), status="error") for c in calls]
+
+
+def _decode_pending(value: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    update = dict(value["update"])
+    update["messages"] = messages_from_input(update.get("messages", []))
+    return update, bool(value["direct"])

@@ -1,0 +1,129 @@
+"""Mail for threads (task notifications): delivered once per key, into the thread's active run or by waking it.
+
+A message is stored before anything else happens, so a crash neither loses
+nor duplicates it. The run executing on the thread here takes it from its
+inbox before its next model call; a run executing in another process is told
+there is mail; an idle thread gets a wake-up run that takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from backchannel._clock import now_iso
+from backchannel.errors import InvalidRequestError, NotFoundError
+from backchannel.messages import AnyMessage
+from backchannel.runtime.checkpoints import Checkpointer
+from backchannel.runtime.inbox import ThreadInbox
+from backchannel.runtime.peers import Peers
+from backchannel.runtime.queue import NewRun, RunQueue
+from backchannel.runtime.registry import Registry
+from backchannel.runtime.scheduler import Scheduler
+from backchannel.runtime.storage import Storage
+
+__all__ = ["Mail"]
+
+logger = logging.getLogger("backchannel")
+
+
+class Mail:
+    """The inboxes of the runs executing here, and the wake-ups of idle threads that have mail."""
+
+    def __init__(self, storage: Storage, checkpoints: Checkpointer, registry: Registry, queue: RunQueue,
+                 scheduler: Scheduler, peers: Peers) -> None:
+        self.storage = storage
+        self.checkpoints = checkpoints
+        self.registry = registry
+        self.queue = queue
+        self.scheduler = scheduler
+        self.peers = peers
+        self._inboxes: dict[str, ThreadInbox] = {}
+        self._waking: dict[str, str] = {}  # thread id -> the wake-up run queued or executing here
+        self._refills: set[asyncio.Task[Any]] = set()
+
+    async def deliver(self, thread_id: str, message: AnyMessage, *, key: str,
+                      assistant_id: str | None = None) -> bool:
+        """Give ``message`` to a thread exactly once per ``key``: into its active run, or by waking it.
+
+        Returns ``False`` when a message with this key was delivered before.
+        """
+        if not await self.storage.put_inbox(thread_id, key, message, now_iso()):
+            return False
+        # The run that takes it will load the thread's state: keep it cached through a busy fan-out
+        # (rebuilding a supervisor's long state from its checkpoints costs far more).
+        self.checkpoints.keep(thread_id)
+        inbox = self._inboxes.get(thread_id)
+        if inbox is not None:
+            inbox.push(key, message)
+            return True
+        await self.wake(thread_id, assistant_id)
+        return True
+
+    # -- the inboxes of runs executing here
+
+    async def open_inbox(self, thread_id: str) -> ThreadInbox:
+        """The inbox of the thread's run starting here, with the mail stored for it."""
+        inbox = self._inboxes[thread_id] = ThreadInbox(self.storage, thread_id)
+        await self.refill(thread_id)  # registered first: mail announced meanwhile is not missed
+        return inbox
+
+    def close_inbox(self, thread_id: str, run_id: str) -> bool:
+        """The thread's run here has ended; returns whether mail came for it too late (a new run takes it)."""
+        if self._waking.get(thread_id) == run_id:
+            del self._waking[thread_id]
+        inbox = self._inboxes.pop(thread_id, None)
+        return inbox is not None and bool(inbox.drain())
+
+    async def refill(self, thread_id: str) -> None:
+        """Give the thread's run executing here the mail stored for it (by any process)."""
+        inbox = self._inboxes.get(thread_id)
+        if inbox is not None:
+            for key, message in await self.storage.inbox(thread_id):
+                inbox.push(key, message)
+
+    def announced(self, thread_id: str) -> None:
+        """Another process stored mail for the thread: its run here (if any) takes it."""
+        if thread_id in self._inboxes:
+            task = asyncio.create_task(self.refill(thread_id))
+            self._refills.add(task)
+            task.add_done_callback(self._refills.discard)
+
+    # -- waking idle threads
+
+    async def wake(self, thread_id: str, assistant_id: str | None = None) -> None:
+        """Make sure a run will take the thread's mail: an active one, or a new wake-up run."""
+        waking = self._waking.get(thread_id)
+        if not self.peers.shared and waking is not None and (
+                self.scheduler.is_unstarted(waking) or self.scheduler.is_executing(waking)):
+            # A wake-up run queued or executing here reads the stored mail as it starts (or has
+            # its inbox, and then deliver() gave the message to it).
+            return
+        if await self.storage.active_runs(thread_id):
+            self.peers.mail(thread_id)  # its run may be executing in another process
+            return  # a queued run will take the message
+        if assistant_id is None:
+            thread = await self.storage.get_thread(thread_id)
+            if thread is None:
+                raise NotFoundError(f"thread {thread_id!r} not found")
+            assistant_id = thread.metadata.get("graph_id")
+            if assistant_id is None:
+                raise InvalidRequestError(f"thread {thread_id!r} has never run an assistant; cannot wake it")
+        # (the queue reads the thread anyway, and says NotFoundError if it is gone)
+        graph_id = self.registry.graph_id_of(assistant_id)
+        row = await self.queue.create(thread_id, graph_id, NewRun(multitask_strategy="enqueue", wake=True))
+        self._waking[thread_id] = row.run_id
+
+    async def wake_all(self) -> None:
+        """Wake the threads with mail stored just before a crash, with no run left to take it."""
+        for thread_id in await self.storage.threads_with_mail():
+            try:
+                await self.wake(thread_id)
+            except (NotFoundError, InvalidRequestError) as exc:
+                logger.warning("cannot deliver mail waiting for thread %s: %s", thread_id, exc)
+
+    async def close(self) -> None:
+        for task in list(self._refills):
+            task.cancel()
+        await asyncio.gather(*self._refills, return_exceptions=True)

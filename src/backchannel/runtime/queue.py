@@ -1,0 +1,237 @@
+"""The run queue: runs created on threads (with their multitask strategies), cancelled, and waited for.
+
+A new run is stored ``pending`` with its thread marked ``busy``, in one tick,
+and the scheduler starts it when its thread is free. A run is cancelled where it
+is: its task stopped if it executes here, a message to its executor if it
+executes in another process, or its row dropped if it has not started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from backchannel._clock import now_iso
+from backchannel._ids import assistant_id_for
+from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError
+from backchannel.runtime.checkpoints import Checkpointer, ThreadState
+from backchannel.runtime.modes import interrupt_part
+from backchannel.runtime.peers import Peers
+from backchannel.runtime.registry import Registry
+from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow, ThreadRow
+from backchannel.runtime.scheduler import Scheduler
+from backchannel.runtime.storage import Storage
+from backchannel.runtime.streams import Streams
+from backchannel.runtime.wire import BUSY, render_error, resume_map
+from backchannel.serde import to_jsonable
+from backchannel.tracing import with_trace_context
+
+__all__ = ["NewRun", "RunQueue"]
+
+_POLL = 0.05  # seconds between looks at the row of a run that ends elsewhere
+
+
+@dataclass(slots=True)
+class NewRun:
+    """A run to queue, with its options as the runs client checked them."""
+
+    input: Any = None
+    command: Mapping[str, Any] | None = None
+    stream_mode: list[str] = field(default_factory=lambda: ["values"])
+    stream_subgraphs: bool = False
+    stream_resumable: bool = False
+    metadata: Mapping[str, Any] | None = None
+    config: Mapping[str, Any] | None = None
+    context: Any = None
+    checkpoint_id: str | None = None
+    multitask_strategy: str | None = None
+    if_not_exists: str | None = None
+    on_completion: str | None = None
+    after_seconds: float | None = None
+    timeout: float | None = None
+    webhook: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    wake: bool = False  # a run that wakes an idle thread to take the mail waiting for it
+    watched: bool = False  # its creator follows its stream from the start
+
+
+class RunQueue:
+    """Creates, cancels and waits for runs, wherever they execute."""
+
+    def __init__(self, storage: Storage, streams: Streams, scheduler: Scheduler, peers: Peers,
+                 checkpoints: Checkpointer, registry: Registry, *, worker_id: str) -> None:
+        self.storage = storage
+        self.streams = streams
+        self.scheduler = scheduler
+        self.peers = peers
+        self.checkpoints = checkpoints
+        self.registry = registry
+        self.worker_id = worker_id
+
+    # -- creating
+
+    async def create(self, thread_id: str | None, graph_id: str, run: NewRun) -> RunRow:
+        """Queue a run (status ``pending``); it starts as soon as its thread is free.
+
+        Without ``thread_id`` the run is stateless: it gets a thread of its own, deleted when it ends
+        (unless ``on_completion="keep"``).
+        """
+        if_not_exists = run.if_not_exists
+        temporary = thread_id is None
+        if thread_id is None:
+            if run.command and "resume" in run.command:
+                raise InvalidRequestError("You must provide a thread_id when resuming.")
+            thread_id = str(uuid.uuid4())
+            if_not_exists = "create"
+        thread = await self.storage.get_thread(thread_id)
+        new_thread = thread is None
+        if thread is None:
+            if (if_not_exists or "reject") != "create":
+                raise NotFoundError(f"Thread with ID {thread_id} not found")
+            created = now_iso()  # stored below, with the run, already busy
+            thread = ThreadRow(thread_id, created, created, dict(run.metadata or {}) if not temporary else {})
+        if run.checkpoint_id and await self.storage.get_checkpoint(thread_id, run.checkpoint_id) is None:
+            raise NotFoundError(f"thread {thread_id!r} has no checkpoint {run.checkpoint_id!r}")
+        strategy = run.multitask_strategy or "enqueue"
+        active = [] if new_thread else await self.storage.active_runs(thread_id)
+        if active and strategy == "reject":
+            raise ConflictError(BUSY)
+        row = self._row(thread, graph_id, run, strategy, temporary=temporary)
+        if run.command and "resume" in run.command and not active:
+            row.kwargs["resume_map"] = resume_map(thread, run.command["resume"])
+        # The stream and context exist before the run is stored: the scheduler may start it at
+        # the first await (e.g. while the runs it supersedes are being cancelled).
+        self.streams.new(row, watched=run.watched)
+        self.scheduler.queued(row.run_id, context=contextvars.copy_context())
+        thread.metadata = {**thread.metadata, "graph_id": graph_id, "assistant_id": row.assistant_id}
+        thread.status = "busy"
+        if not (new_thread and await self.storage.create_thread(thread)):
+            await self.storage.update_thread(thread_id, status="busy", metadata=thread.metadata,
+                                             updated_at=row.created_at)
+        await self.storage.create_run(row)
+        if self.peers.shared and any(r.worker_id != self.worker_id for r in active):
+            self.peers.queued(thread_id)  # behind another process's run: it says when that one ends
+        if active and strategy in ("interrupt", "rollback"):
+            # Newest first, so a queued run cannot start in the gap left by the running one.
+            for other in reversed(active):
+                await self.cancel(other, "interrupt" if strategy == "interrupt" else "rollback", wait=True)
+        self.scheduler.kick()
+        return row
+
+    def _row(self, thread: ThreadRow, graph_id: str, run: NewRun, strategy: str, *, temporary: bool) -> RunRow:
+        # A wake-up starts a trace of its own (its notifications link back to their tasks).
+        config = run.config if run.wake else with_trace_context(run.config)
+        kwargs: dict[str, Any] = {
+            "input": to_jsonable(run.input), "command": to_jsonable(run.command) if run.command else None,
+            "config": dict(config or {}), "context": run.context, "stream_mode": run.stream_mode,
+            "stream_subgraphs": run.stream_subgraphs, "stream_resumable": run.stream_resumable,
+            "checkpoint_id": run.checkpoint_id, "temporary": temporary and (run.on_completion or "delete") == "delete",
+            "timeout": run.timeout, "wake": run.wake, "webhook": run.webhook}
+        now = datetime.now(UTC)
+        assistant = assistant_id_for(graph_id)
+        metadata = {**thread.metadata, **(config or {}).get("metadata", {}), **dict(run.metadata or {}),
+                    "graph_id": graph_id, "assistant_id": assistant}
+        return RunRow(str(uuid.uuid4()), thread.thread_id, assistant, now.isoformat(), now.isoformat(),
+                      "pending", metadata, kwargs, strategy, self.worker_id,
+                      (now + timedelta(seconds=run.after_seconds or 0)).isoformat(),
+                      concurrency_key=run.concurrency_key, concurrency_limit=run.concurrency_limit)
+
+    # -- cancelling
+
+    async def cancel(self, row: RunRow, action: CancelAction = "interrupt", wait: bool = False) -> None:
+        """Stop a run: ``interrupt`` keeps its finished steps, ``rollback`` deletes the run and its steps."""
+        task = self.cancel_here(row.run_id, action)
+        if task is not None:
+            if wait:
+                await asyncio.gather(task, return_exceptions=True)
+            return
+        if row.status == "running" and self.peers.shared:  # another process runs it
+            self.peers.cancel(row.run_id, action)
+            if wait:
+                with contextlib.suppress(NotFoundError):
+                    await self.wait_for(row.run_id)
+            return
+        if row.status == "pending":
+            self.scheduler.dropped(row.run_id)
+            if not await self.storage.drop_pending_run(row.run_id, action, now_iso()):
+                fresh = await self.storage.get_run(row.run_id)  # it started meanwhile
+                if fresh is not None and fresh.status in ("pending", "running"):
+                    await self.cancel(fresh, action, wait)
+                return
+            if self.peers.shared:  # its creator may be following it
+                self.peers.cancel(row.run_id, action)
+
+    def cancel_here(self, run_id: str, action: CancelAction) -> asyncio.Task[None] | None:
+        """Cancel the run if this process executes it (returns its task); else end its stream here, if any."""
+        task = self.scheduler.cancel_here(run_id, action)
+        if task is not None:
+            return task
+        stream = self.streams.get(run_id)
+        if stream is not None and not stream.finished and not self.peers.follows(run_id):
+            stream.finish("interrupted")  # it was queued here and never started
+            self.streams.retire(stream)
+        return None
+
+    # -- waiting
+
+    async def wait_for(self, run_id: str) -> RunRow:
+        """Wait until a run has ended; returns its final row."""
+        stream = self.streams.get(run_id)
+        if stream is not None:
+            await stream.wait()
+            if stream.final_row is not None:  # ended here: no need to read it back
+                return stream.final_row
+        while True:
+            row = await self.storage.get_run(run_id)
+            if row is None:
+                raise NotFoundError(f"run {run_id!r} not found (it may have been rolled back)")
+            if row.status in TERMINAL:
+                return row
+            await asyncio.sleep(_POLL)
+
+    async def output(self, row: RunRow) -> dict[str, Any]:
+        """What ``runs.join`` returns for an ended run: the thread's final values, with ``__error__`` or
+        ``__interrupt__`` when it failed or paused."""
+        stream = self.streams.get(row.run_id)
+        if stream is not None and stream.result is not None:
+            return stream.result  # a stateless run whose thread is gone
+        result: dict[str, Any]
+        if row.status in ("error", "timeout"):
+            result = {"__error__": render_error(row.error or {})}
+        elif stream is not None and stream.final_values is not None:
+            result = to_jsonable(stream.final_values)  # this run's own end state, whatever queued run came next
+            if stream.interrupts:
+                result["__interrupt__"] = [interrupt_part(i) for i in stream.interrupts]
+        else:  # a run that ended in another process, or before a restart
+            thread = await self.storage.get_thread(row.thread_id)
+            if thread is None:
+                return {}
+            result = to_jsonable((await self.state_of(thread)).values)
+            if thread.status == "interrupted" and thread.interrupts:
+                result["__interrupt__"] = [interrupt_part(i) for i in thread.interrupts]
+        if row.kwargs.get("temporary"):
+            await self.drop_thread(row.thread_id)
+        return result
+
+    async def state_of(self, thread: ThreadRow, checkpoint_id: str | None = None) -> ThreadState:
+        """The thread's state: its newest, or at ``checkpoint_id``."""
+        reducers = self.registry.reducers_for(thread)
+        if checkpoint_id:
+            return await self.checkpoints.at(thread.thread_id, checkpoint_id, reducers)
+        return await self.checkpoints.latest(thread.thread_id, reducers)
+
+    async def drop_thread(self, thread_id: str) -> None:
+        """Delete a thread and forget its cached state."""
+        await self.storage.delete_thread(thread_id)
+        self.checkpoints.forget(thread_id)
+
+    async def active(self, thread_id: str) -> Sequence[RunRow]:
+        """The thread's pending and running runs, oldest first."""
+        return await self.storage.active_runs(thread_id)

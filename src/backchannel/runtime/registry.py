@@ -1,0 +1,79 @@
+"""The agents a runtime serves: one assistant per graph id, found by graph id or by assistant id."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from backchannel._ids import assistant_id_for
+from backchannel.agent import Agent
+from backchannel.errors import NotFoundError
+from backchannel.protocols import HostRuntime
+from backchannel.runtime.rows import ThreadRow
+from backchannel.state import Reducer
+
+__all__ = ["Registry"]
+
+
+class Registry:
+    """The registered agents by graph id; each joins ``host`` (its ``runtime``) unless it has one."""
+
+    def __init__(self, host: HostRuntime) -> None:
+        self.host = host
+        self.graphs: dict[str, Agent] = {}
+        self._graph_ids: dict[str, str] = {}  # assistant id -> graph id
+
+    def register_all(self, agents: Mapping[str, Agent]) -> None:
+        """Register agents under the names given, then the agents their middleware run on the runtime."""
+        for graph_id, agent in agents.items():
+            self.register(graph_id, agent, subagents=False)
+        for agent in list(self.graphs.values()):  # after the given names, so none is taken by a subagent
+            self._register_subagents(agent)
+
+    def register(self, graph_id: str, agent: Agent, *, subagents: bool = True) -> None:
+        """Make ``agent`` (and the background subagents it runs here) available as the assistant ``graph_id``."""
+        if graph_id in self.graphs and self.graphs[graph_id] is not agent:
+            raise ValueError(f"an agent is already registered as {graph_id!r}")
+        self.graphs[graph_id] = agent
+        self._graph_ids[assistant_id_for(graph_id)] = graph_id
+        if agent.runtime is None:
+            agent.runtime = self.host
+        if subagents:
+            self._register_subagents(agent)
+
+    def _register_subagents(self, agent: Agent) -> None:
+        # The agents its middleware runs on this runtime (background subagents) are registered now,
+        # not at their first task, so a task run taken over after a restart finds its agent.
+        for mw in agent.middleware:
+            for sub in mw.runtime_agents():
+                self.graph_id_for_agent(sub)
+
+    def graph_id_of(self, assistant_id: str) -> str:
+        """The graph id an assistant id (or graph id) names; :class:`NotFoundError` if none."""
+        if assistant_id in self.graphs:
+            return assistant_id
+        if assistant_id in self._graph_ids:
+            return self._graph_ids[assistant_id]
+        known = ", ".join(sorted(self.graphs)) or "none registered"
+        raise NotFoundError(f"assistant {assistant_id!r} not found; known assistants: {known}")
+
+    def agent_of(self, assistant_id: str) -> Agent | None:
+        """The agent an assistant id (or graph id) names, if it is registered here."""
+        graph_id = assistant_id if assistant_id in self.graphs else self._graph_ids.get(assistant_id)
+        return self.graphs.get(graph_id) if graph_id is not None else None
+
+    def graph_id_for_agent(self, agent: Agent) -> str:
+        """The graph id ``agent`` is registered under; registered now (as its name, or a variant) if new."""
+        for graph_id, registered in self.graphs.items():
+            if registered is agent:
+                return graph_id
+        graph_id, n = agent.graph_name, 1
+        while graph_id in self.graphs:  # the name is another agent's: take a stable variant of it
+            n += 1
+            graph_id = f"{agent.graph_name}-{n}"
+        self.register(graph_id, agent)
+        return graph_id
+
+    def reducers_for(self, thread: ThreadRow) -> dict[str, Reducer]:
+        """The state reducers of the agent that last ran on ``thread`` (none if it is not registered here)."""
+        agent = self.graphs.get(thread.metadata.get("graph_id", ""))
+        return agent.state_reducers() if agent is not None else {}

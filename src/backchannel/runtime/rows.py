@@ -1,0 +1,101 @@
+"""What the runtime keeps: threads, runs, checkpoints and store items, as small dataclasses.
+
+Every storage backend stores and returns these rows (see :mod:`backchannel.runtime.storage`);
+nothing above the backends knows how they are kept. Statuses are ``Literal`` types, so a
+typo in one is a type error rather than a run that never matches a query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+__all__ = ["ACTIVE", "TERMINAL", "CancelAction", "CheckpointRow", "ItemRow", "RunEnd", "RunRow", "RunStatus",
+           "ThreadRow", "ThreadStatus", "thread_order"]
+
+ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
+# A run's own "interrupted" means it was cancelled; a run that paused for a human succeeded (its thread waits).
+RunStatus = Literal["pending", "running", "success", "error", "timeout", "interrupted"]
+CancelAction = Literal["interrupt", "rollback"]  # keep the cancelled run's finished steps, or delete the run
+
+ACTIVE: tuple[RunStatus, ...] = ("pending", "running")  # a thread with such a run is busy
+TERMINAL: frozenset[RunStatus] = frozenset(get_args(RunStatus)) - frozenset(ACTIVE)
+
+
+@dataclass(slots=True)
+class ThreadRow:
+    thread_id: str
+    created_at: str
+    updated_at: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    status: ThreadStatus = "idle"
+    interrupts: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class RunRow:
+    run_id: str
+    thread_id: str
+    assistant_id: str
+    created_at: str
+    updated_at: str
+    status: RunStatus = "pending"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    multitask_strategy: str = "reject"
+    worker_id: str | None = None
+    scheduled_at: str = ""
+    error: dict[str, Any] | None = None
+    concurrency_key: str | None = None  # runs sharing a key run at most concurrency_limit at a time
+    concurrency_limit: int | None = None
+
+
+@dataclass(slots=True)
+class CheckpointRow:
+    """One recorded step: the state change (``delta``) and the stage the run continues at."""
+
+    thread_id: str
+    checkpoint_id: str
+    parent_id: str | None
+    seq: int
+    run_id: str | None
+    delta: Mapping[str, Any]  # the state update; messages as objects or as their dicts
+    next: str  # the stage to continue at; "" when the run ended there
+    metadata: dict[str, Any]
+    created_at: str
+
+
+@dataclass(slots=True)
+class RunEnd:
+    """How a run ended: what :meth:`~backchannel.runtime.storage.RunStorage.finish_run` records in one write."""
+
+    run_id: str
+    thread_id: str
+    status: RunStatus  # success, error, timeout or interrupted
+    thread_status: ThreadStatus  # idle, interrupted or error; busy instead while another run of the thread is active
+    updated_at: str
+    error: dict[str, Any] | None = None  # the run's error
+    thread_error: dict[str, Any] | None = None  # the thread's error, in LangGraph's shape
+    interrupts: list[dict[str, Any]] | None = None  # the thread's pending interrupts (None: unchanged)
+    checkpoint_next: tuple[str, str] | None = None  # (checkpoint_id, stage): where the thread continues
+
+
+@dataclass(slots=True)
+class ItemRow:
+    namespace: tuple[str, ...]
+    key: str
+    value: dict[str, Any]
+    created_at: str
+    updated_at: str
+
+
+_THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at", "state_updated_at"})
+
+
+def thread_order(sort_by: str, sort_order: str) -> tuple[str, Literal["ASC", "DESC"]]:
+    """The column and direction to sort threads by; ``ValueError`` for a column that is not sortable."""
+    if sort_by not in _THREAD_SORT:
+        raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
+    return sort_by, "ASC" if sort_order.lower() == "asc" else "DESC"

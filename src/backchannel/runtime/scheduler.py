@@ -1,0 +1,137 @@
+"""The scheduler: claims this process's pending runs from storage and starts them, each in its own task.
+
+At most ``max_concurrency`` runs execute at once, at most one per thread (storage's
+claim rule). The scheduler wakes when kicked (a run was queued here, or one
+ended, or another process freed a thread) and every quarter second (for runs whose
+``after_seconds`` passed). It owns the tasks of the runs executing here; what a
+run does is the executor's (:mod:`backchannel.runtime.executor`), handed in as
+``execute``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from backchannel._clock import now_iso
+from backchannel.runtime.peers import Peers
+from backchannel.runtime.rows import CancelAction, RunRow
+from backchannel.runtime.storage import RunStorage
+from backchannel.runtime.streams import RunStream, Streams
+
+__all__ = ["Scheduler"]
+
+logger = logging.getLogger("backchannel")
+
+_TICK = 0.25  # seconds between looks for runs whose time has come
+
+
+class Scheduler:
+    """Starts the runs this process claims, and keeps their tasks."""
+
+    def __init__(self, storage: RunStorage, streams: Streams, peers: Peers, *, worker_id: str,
+                 max_concurrency: int,
+                 execute: Callable[[RunRow, RunStream], Coroutine[Any, Any, None]]) -> None:
+        self.storage = storage
+        self.streams = streams
+        self.peers = peers
+        self.worker_id = worker_id
+        self.max_concurrency = max_concurrency
+        self._execute = execute
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._contexts: dict[str, contextvars.Context] = {}
+        self._cancel_actions: dict[str, CancelAction] = {}
+        # Runs created (or taken over) here that have not started: a run that ends makes the
+        # scheduler look for more only while some wait (others' runs are theirs to start).
+        self._unstarted: set[str] = set()
+        self._wake = asyncio.Event()
+
+    # -- what the other parts tell it
+
+    def kick(self) -> None:
+        """There may be runs to start."""
+        self._wake.set()
+
+    def queued(self, run_id: str, *, context: contextvars.Context | None = None) -> None:
+        """A run was queued (or taken over) here; it runs in ``context`` (the caller's contextvars, so
+        values set by hooks reach background runs)."""
+        self._unstarted.add(run_id)
+        if context is not None:
+            self._contexts[run_id] = context
+
+    def ended(self, run_id: str) -> None:
+        """A run executing here has ended (its end is recorded): its slot is free."""
+        self._tasks.pop(run_id, None)
+        if self._unstarted:
+            self.kick()
+
+    def dropped(self, run_id: str) -> None:
+        """A run queued here was cancelled before it started."""
+        self._unstarted.discard(run_id)
+        self._contexts.pop(run_id, None)
+
+    # -- what they ask it
+
+    def is_unstarted(self, run_id: str) -> bool:
+        return run_id in self._unstarted
+
+    def is_executing(self, run_id: str) -> bool:
+        """Whether the run executes in this process now."""
+        return run_id in self._tasks
+
+    @property
+    def executing(self) -> int:
+        """How many runs execute here now."""
+        return len(self._tasks)
+
+    def cancel_here(self, run_id: str, action: CancelAction) -> asyncio.Task[None] | None:
+        """Cancel the run if it executes here (returns its task, which ends as ``action`` says)."""
+        task = self._tasks.get(run_id)
+        if task is not None:
+            self._cancel_actions[run_id] = action
+            task.cancel()
+        return task
+
+    def cancel_action(self, run_id: str) -> CancelAction | None:
+        """How a run cancelled here is to end (``None``: it was stopped because the runtime closes)."""
+        return self._cancel_actions.pop(run_id, None)
+
+    def stop_all(self) -> list[asyncio.Task[None]]:
+        """Stop every run executing here without an end (their rows are left to be resumed); returns their tasks."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    async def wait_executing(self, timeout: float) -> None:
+        """Give the runs executing here up to ``timeout`` seconds to end."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks.values()), timeout=timeout)
+
+    # -- the loop
+
+    async def run_forever(self) -> None:
+        while True:
+            self._wake.clear()
+            free = self.max_concurrency - len(self._tasks)
+            if free > 0:
+                for row in await self.storage.claim_runs(self.worker_id, free, now_iso()):
+                    self._start(row)
+            # A timer rather than asyncio.wait_for, which on 3.11 can swallow a cancellation that
+            # arrives as the event is set; the timer also starts runs whose after_seconds passed.
+            timer = asyncio.get_running_loop().call_later(_TICK, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+
+    def _start(self, row: RunRow) -> None:
+        stream = self.streams.get(row.run_id) or self.streams.new(row)
+        self._unstarted.discard(row.run_id)
+        context = self._contexts.pop(row.run_id, None) or contextvars.copy_context()
+        task = asyncio.create_task(self._execute(row, stream), context=context)
+        self._tasks[row.run_id] = task
+        self.peers.run_started(row, stream)
