@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from posixpath import normpath
 from typing import Any
 
-from backchannel.runtime.storage import now_iso as now
+from backchannel._clock import now_iso as now
 from backchannel.workspace.protocol import FileData, GrepMatch, GrepResult, ReadResult
 
 __all__ = [
