@@ -14,6 +14,7 @@ and the status a ``RemoteRuntime`` turns back into the same class::
     ├── InvalidRequestError       bad arguments, a bad resume value, an option not supported (422; a ValueError)
     ├── AuthenticationError       a server refused the credentials (401, 403)
     ├── RemoteError               another server was unreachable, timed out or failed (5xx): worth retrying
+    ├── StorageUnavailableError   the database could not be reached, or could not commit a write (503): retry
     ├── SchemaVersionError        the database was migrated by a newer backchannel
     ├── HandoffError              a handoff could not be proposed or decided
     └── ConfigError               the configuration file cannot be used (names the file and the key)
@@ -39,6 +40,7 @@ __all__ = [
     "NotFoundError",
     "RemoteError",
     "SchemaVersionError",
+    "StorageUnavailableError",
     "ToolArgumentsError",
     "ToolError",
 ]
@@ -105,6 +107,15 @@ class RemoteError(BackchannelError):
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class StorageUnavailableError(BackchannelError):
+    """The database could not be reached, or failed to commit a write (HTTP 503): nothing was acknowledged.
+
+    The runtime keeps trying on its own and resumes its runs once the database is back; a caller may
+    retry the request (a write that failed as its commit was cut off may have landed: read before
+    writing again where a duplicate matters).
+    """
 
 
 class SchemaVersionError(BackchannelError):

@@ -14,7 +14,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backchannel.errors import AuthenticationError, ConflictError, InvalidRequestError, NotFoundError, RemoteError
+from backchannel.errors import (
+    AuthenticationError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    RemoteError,
+    StorageUnavailableError,
+)
 from backchannel.server.routing import JSONResponse
 
 __all__ = ["EXCEPTION_HANDLERS"]
@@ -22,7 +29,7 @@ __all__ = ["EXCEPTION_HANDLERS"]
 logger = logging.getLogger("backchannel.server")
 
 _STATUS: dict[type[Exception], int] = {NotFoundError: 404, ConflictError: 409, InvalidRequestError: 422,
-                                       AuthenticationError: 401, RemoteError: 502}
+                                       AuthenticationError: 401, RemoteError: 502, StorageUnavailableError: 503}
 
 
 def detail(status: int, message: str) -> Response:
