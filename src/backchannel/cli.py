@@ -180,6 +180,9 @@ def _parser() -> argparse.ArgumentParser:
                             "machine's pages and LangGraph Studio; with one: any)")
     serve.add_argument("--allowed-hosts", default=None, metavar="NAME,...",
                        help="host names the server answers to besides loopback and IP addresses ('*': any)")
+    serve.add_argument("--client-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="seconds a client may take to send a request, or leave what the server writes unread, "
+                            "before it is disconnected (default 10)")
     for p in (demo, run, threads):
         p.add_argument("--store", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
     for p in (chat, demo, run, serve):
@@ -219,7 +222,8 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         console.print(f"demo page: [bold]http://{args.host}:{args.port}/[/] ({escape(demo_page.model_label)})")
     serve(agents, host=args.host, port=args.port, database=args.database, api_key=args.api_key,
           public_url=args.public_url, grace=args.grace, lease=args.lease, demo_page=demo_page,
-          cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts))
+          cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts),
+          client_timeout=args.client_timeout)
     return 0
 
 

@@ -109,6 +109,24 @@ def looper_reply(request: Any) -> Any:
     return {"tool_calls": [{"name": "add", "args": {"a": 1, "b": len(request.messages)}}]}
 
 
+def chatty_reply(request: Any) -> Any:
+    """300 tool calls with 2 KB results, then a 4 KB answer: a long run whose values stream is large."""
+    calls = sum(isinstance(m, ToolMessage) for m in request.messages)
+    if calls >= 300:
+        return "done " + "y" * 4000
+    return {"tool_calls": [{"name": "pad", "args": {"n": calls}}]}
+
+
+@tool(inline=True)
+def pad(n: int) -> str:
+    """Return 2 KB of text.
+
+    Args:
+        n: Which call this is.
+    """
+    return f"{n}:" + "x" * 2000
+
+
 def delegator_reply(request: Any) -> Any:
     last = request.messages[-1]
     if isinstance(last, ToolMessage):
@@ -130,10 +148,12 @@ mailer = create_agent(ScriptedModel([mailer_reply], loop=True), [send_email], na
                       middleware=[HumanInTheLoop({"send_email": True})])
 # Two model calls of 1.5 s around a side effect: a stop between them must not repeat the side effect.
 journaler = create_agent(ScriptedModel([journal_reply], loop=True, latency=1.5), [journal], name="journaler")
+chatty = create_agent(ScriptedModel([chatty_reply], loop=True, chunk_size=4), [pad], name="chatty",
+                      max_iterations=1000)
 looper = create_agent(ScriptedModel([looper_reply], loop=True), [add], name="looper")
 delegator = create_deep_agent(
     ScriptedModel([delegator_reply], loop=True), name="delegator", general_purpose=False,
     subagents=[SubAgent("helper", "Helps with anything", model=ScriptedModel([helper_reply], loop=True))])
 
 AGENTS = {"calc": calc, "echo": echo, "slow": slow, "glacial": glacial, "reporter": reporter, "mailer": mailer,
-          "delegator": delegator, "looper": looper}
+          "delegator": delegator, "looper": looper, "chatty": chatty}

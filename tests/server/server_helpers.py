@@ -17,15 +17,18 @@ from typing import Any
 import httpx
 import uvicorn
 
+from backchannel.server.connections import DEFAULT_CLIENT_TIMEOUT, server_config
+
 HERE = Path(__file__).parent
 
 
 class ThreadServer:
-    """A uvicorn server for ``app`` on a free loopback port, in a thread with its own event loop."""
+    """A uvicorn server for ``app`` on a free loopback port, in a thread with its own event loop,
+    configured as ``backchannel serve`` configures it."""
 
-    def __init__(self, app: Any) -> None:
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                                    access_log=False))
+    def __init__(self, app: Any, *, client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> None:
+        self.server = uvicorn.Server(server_config(app, client_timeout=client_timeout, host="127.0.0.1", port=0,
+                                                   log_level="warning", access_log=False))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> ThreadServer:

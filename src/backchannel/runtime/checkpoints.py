@@ -20,8 +20,7 @@ from backchannel.events import Event, EventBus
 from backchannel.messages import new_id
 from backchannel.runtime.rows import CheckpointRow
 from backchannel.runtime.storage import CheckpointStorage
-from backchannel.serde import to_jsonable
-from backchannel.state import MessageList, Reducer, apply_update
+from backchannel.state import MessageList, Reducer, apply_update, snapshot
 
 __all__ = ["Checkpointer", "Recorder", "ThreadState"]
 
@@ -154,14 +153,15 @@ class Recorder:
 
 
 def _checkpoint_payload(row: CheckpointRow, parent: CheckpointRow | None, values: Mapping[str, Any]) -> dict[str, Any]:
-    """A checkpoint as LangGraph's ``checkpoints`` stream mode shows it."""
+    """A checkpoint as LangGraph's ``checkpoints`` stream mode shows it (its values made JSON when streamed:
+    converting them here, at every step of every watched run, would keep a full copy of the state per step)."""
 
     def config(checkpoint: CheckpointRow) -> dict[str, Any]:
         return {"configurable": {"thread_id": checkpoint.thread_id, "checkpoint_ns": "",
                                  "checkpoint_id": checkpoint.checkpoint_id}}
 
     return {"config": config(row), "parent_config": config(parent) if parent else None,
-            "values": to_jsonable(dict(values)), "metadata": {**row.metadata, "run_id": row.run_id, "parents": {}},
+            "values": snapshot(values), "metadata": {**row.metadata, "run_id": row.run_id, "parents": {}},
             "next": [row.next] if row.next else [], "tasks": []}
 
 

@@ -100,9 +100,12 @@ class StreamMapper:
                         yield from self._complete_message(message, event)
 
     def _on_checkpoint(self, event: Event) -> Iterator[tuple[str, Any]]:
-        yield "checkpoints", event.data
-        yield "debug", {"step": event.data.get("metadata", {}).get("step", self._step), "timestamp": now_iso(),
-                        "type": "checkpoint", "payload": event.data}
+        if not self.modes & {"checkpoints", "debug"}:
+            return
+        data = {**event.data, "values": to_jsonable(event.data["values"])}
+        yield "checkpoints", data
+        yield "debug", {"step": data.get("metadata", {}).get("step", self._step), "timestamp": now_iso(),
+                        "type": "checkpoint", "payload": data}
 
     def _on_interrupt(self, event: Event) -> Iterator[tuple[str, Any]]:
         yield "updates", {"__interrupt__": [interrupt_part(i) for i in event.data["interrupts"]]}

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from backchannel.server import assistants, runs, store, threads
 from backchannel.server.auth import APIKeyMiddleware
 from backchannel.server.browsers import BrowserGuard, BrowserPolicy, default_policy
+from backchannel.server.connections import DEFAULT_CLIENT_TIMEOUT
 from backchannel.server.errors import EXCEPTION_HANDLERS
 from backchannel.server.openapi import openapi_document
 from backchannel.server.routing import Endpoint, JSONResponse, routes
@@ -59,8 +60,12 @@ ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINT
 
 def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                heartbeat: float = 5.0, grace: float = 10.0, demo_page: DemoPage | None = None,
-               browsers: BrowserPolicy | None = None) -> Starlette:
+               browsers: BrowserPolicy | None = None, client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> Starlette:
     """The server app for ``runtime``; with ``api_key``, requests need it in the ``x-api-key`` header.
+
+    A request body must arrive within ``client_timeout`` seconds; a stream whose reader leaves the
+    server's writes unread for half that ends with an ``error`` event saying so, and is disconnected
+    if it still reads nothing (:mod:`backchannel.server.connections`).
 
     ``browsers`` says which web pages may call it (CORS) and under which host names
     (default: :func:`~backchannel.server.browsers.default_policy`). ``demo_page`` adds the
@@ -86,5 +91,6 @@ def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int 
     app.state.runtime = runtime
     app.state.max_body_bytes = max_body_bytes
     app.state.heartbeat = heartbeat
+    app.state.client_timeout = client_timeout
     app.state.openapi = openapi_document(ENDPOINTS, version=__version__)
     return app

@@ -8,6 +8,7 @@ the document cannot drift from what is served.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -83,11 +84,16 @@ async def read_body(request: Request, model: type[M]) -> M:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPException(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(request.app.state.client_timeout):  # a body trickled in holds the request
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPException(413, f"request body exceeds the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        late = f"the request body took more than {request.app.state.client_timeout} s to come"
+        raise HTTPException(408, late) from None
     raw = b"".join(chunks)
     try:
         data = orjson.loads(raw) if raw.strip() else {}

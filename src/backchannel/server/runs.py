@@ -27,7 +27,7 @@ from backchannel.server.routing import (
     runtime_of,
 )
 from backchannel.server.schemas import RunCreate
-from backchannel.server.sse import StreamingBody, encode_event
+from backchannel.server.sse import encode_event, event_stream, json_body
 from backchannel.tracing import with_trace_context
 
 __all__ = ["ENDPOINTS"]
@@ -60,9 +60,9 @@ async def stream_run(request: Request) -> Response | StreamingBody:
     parts = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body, request))
     metadata = await anext(parts)  # creates the run: a bad request fails here, before the response starts
     run_id = metadata.data["run_id"]
-    return StreamingBody(
-        _events(parts, first=metadata, with_id=body.stream_resumable), media_type="text/event-stream",
-        heartbeat=request.app.state.heartbeat, headers=_run_headers(thread_id, run_id, "stream"),
+    return event_stream(
+        request, _events(parts, first=metadata, with_id=body.stream_resumable),
+        headers=_run_headers(thread_id, run_id, "stream"),
         on_disconnect=_canceller(rt, thread_id, run_id) if body.on_disconnect == "cancel" else None)
 
 
@@ -71,9 +71,8 @@ async def wait_run(request: Request) -> Response | StreamingBody:
     rt = runtime_of(request)
     thread_id = request.path_params.get("thread_id")
     run = await rt.runs.create(thread_id, body.assistant_id, **_run_options(body, request))
-    return StreamingBody(
-        _output(rt, run["run_id"]), media_type="application/json", heartbeat=request.app.state.heartbeat,
-        headers=_run_headers(run["thread_id"], run["run_id"], "join"),
+    return json_body(
+        request, _output(rt, run["run_id"]), headers=_run_headers(run["thread_id"], run["run_id"], "join"),
         on_disconnect=_canceller(rt, run["thread_id"], run["run_id"]) if body.on_disconnect == "cancel" else None)
 
 
@@ -99,9 +98,8 @@ async def join_run(request: Request) -> Response | StreamingBody:
     rt = runtime_of(request)
     thread_id, run_id = request.path_params["thread_id"], request.path_params["run_id"]
     await rt.runs.get(thread_id, run_id)  # 404 for an unknown run, before the response starts
-    return StreamingBody(
-        _output(rt, run_id), media_type="application/json", heartbeat=request.app.state.heartbeat,
-        headers=_run_headers(thread_id, run_id, "join"),
+    return json_body(
+        request, _output(rt, run_id), headers=_run_headers(thread_id, run_id, "join"),
         on_disconnect=_canceller(rt, thread_id, run_id) if query_bool(request, "cancel_on_disconnect") else None)
 
 
@@ -113,9 +111,9 @@ async def join_run_stream(request: Request) -> Response | StreamingBody:
     last_event_id = request.headers.get("last-event-id") or None
     event_position(last_event_id)  # a bad one is a 422 before the response starts
     parts = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id)
-    return StreamingBody(
-        _events(parts, with_id=bool(run["kwargs"].get("stream_resumable"))), media_type="text/event-stream",
-        heartbeat=request.app.state.heartbeat, headers=_run_headers(thread_id, run_id, "stream"),
+    return event_stream(
+        request, _events(parts, with_id=bool(run["kwargs"].get("stream_resumable"))),
+        headers=_run_headers(thread_id, run_id, "stream"),
         on_disconnect=_canceller(rt, thread_id, run_id) if query_bool(request, "cancel_on_disconnect") else None)
 
 
@@ -127,8 +125,7 @@ async def cancel_run(request: Request) -> Response | StreamingBody:
     await rt.runs.cancel(thread_id, run_id, action=action)
     if not wait:
         return Response(status_code=202)
-    return StreamingBody(_output(rt, run_id), media_type="application/json", heartbeat=request.app.state.heartbeat,
-                         headers=_run_headers(thread_id, run_id, "join"))
+    return json_body(request, _output(rt, run_id), headers=_run_headers(thread_id, run_id, "join"))
 
 
 def _run_headers(thread_id: str | None, run_id: str, then: str | None = None) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import sys
 import threading
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from backchannel._imports import import_object
 from backchannel.agent import Agent
+from backchannel.server.connections import DEFAULT_CLIENT_TIMEOUT
 
 if TYPE_CHECKING:
     from backchannel.server.demo_page import DemoPage
@@ -78,7 +80,7 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
           database: str | None = None, api_key: str | None = None, public_url: str | None = None,
           grace: float = 10.0, lease: float = 30.0, log_level: str = "info", demo_page: DemoPage | None = None,
           cors_origins: Sequence[str] | None = None, allowed_hosts: Sequence[str] | None = None,
-          on_ready: Callable[[], None] | None = None) -> None:
+          client_timeout: float = DEFAULT_CLIENT_TIMEOUT, on_ready: Callable[[], None] | None = None) -> None:
     """Serve ``agents`` over HTTP until SIGINT or SIGTERM (then: no new runs, ``grace`` seconds for running ones).
 
     ``database`` is the runtime's store URL (SQLite by default). ``public_url`` is
@@ -88,12 +90,15 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
     With a Postgres ``database``, servers sharing it take a server's runs over once it has
     missed its heartbeats for ``lease`` seconds. ``cors_origins`` and ``allowed_hosts`` say which web
     pages may call it and under which names (see :func:`~backchannel.server.browsers.default_policy`).
+    A client gets ``client_timeout`` seconds to send a request's headers or body, and to read what the
+    server writes, before it is disconnected (:mod:`backchannel.server.connections`).
     """
     import uvicorn
 
     from backchannel.runtime import DEFAULT_STORE, LocalRuntime
     from backchannel.server.app import create_app
     from backchannel.server.browsers import default_policy
+    from backchannel.server.connections import server_config
 
     url = public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     runtime = LocalRuntime(database or DEFAULT_STORE, {graph_id: served(a) for graph_id, a in agents.items()},
@@ -101,14 +106,29 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
     names = [host, urllib.parse.urlsplit(url).hostname or host]
     browsers = default_policy(api_key=api_key, cors_origins=cors_origins, allowed_hosts=allowed_hosts,
                               served_names=names)
-    app = create_app(runtime, api_key=api_key, grace=grace, demo_page=demo_page, browsers=browsers)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                           timeout_graceful_shutdown=int(grace) or None))
+    app = create_app(runtime, api_key=api_key, grace=grace, demo_page=demo_page, browsers=browsers,
+                     client_timeout=client_timeout)
+    _raise_descriptor_limit()
+    server = uvicorn.Server(server_config(app, client_timeout=client_timeout, host=host, port=port,
+                                          log_level=log_level, access_log=False,
+                                          timeout_graceful_shutdown=int(grace) or None))
     if on_ready is not None:
         threading.Thread(target=_call_when_started, args=(server, on_ready), daemon=True).start()
     server.run()
     if not server.started:
         sys.exit(3)  # as uvicorn.run does when the server cannot start (e.g. the port is taken)
+
+
+def _raise_descriptor_limit() -> None:
+    """Let the server hold as many connections as the system allows this process (the soft limit is often 1,024)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
 
 
 def _call_when_started(server: Any, callback: Callable[[], None]) -> None:

@@ -6,24 +6,33 @@ happens a heartbeat keeps proxies from closing the connection: an SSE
 comment, or for a JSON body a newline (leading whitespace is valid JSON).
 The response watches for the client going away, so a stream created with
 ``on_disconnect="cancel"`` cancels its run at once, not at the next write.
+
+A stream's reader that leaves a write unread for ``patience`` seconds is too
+slow to follow it: the stream stops (letting go of the run's events the
+reader has not had), ends with an ``error`` event saying why, and the
+connection is dropped if that is not read either
+(:mod:`backchannel.server.connections`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from backchannel.runtime.modes import StreamPart
 from backchannel.server.routing import render_json
 
-__all__ = ["SSE_HEARTBEAT", "StreamingBody", "encode_event"]
+__all__ = ["SSE_HEARTBEAT", "StreamingBody", "encode_event", "event_stream", "json_body"]
 
 SSE_HEARTBEAT = b": heartbeat\r\n\r\n"
 JSON_HEARTBEAT = b"\n"
+logger = logging.getLogger("backchannel.server")
 
 
 def encode_event(part: StreamPart, *, with_id: bool) -> bytes:
@@ -35,18 +44,34 @@ def encode_event(part: StreamPart, *, with_id: bool) -> bytes:
     return b"event: %b\r\ndata: %b\r\n\r\n" % (event, data)
 
 
+def event_stream(request: Request, chunks: AsyncIterator[bytes], *, headers: Mapping[str, str] | None = None,
+                 on_disconnect: Callable[[], Awaitable[None]] | None = None) -> StreamingBody:
+    """Server-sent events, with the app's heartbeat, and half its client timeout as a reader's patience."""
+    return StreamingBody(chunks, media_type="text/event-stream", heartbeat=request.app.state.heartbeat,
+                         patience=request.app.state.client_timeout / 2, headers=headers, on_disconnect=on_disconnect)
+
+
+def json_body(request: Request, chunks: AsyncIterator[bytes], *, headers: Mapping[str, str] | None = None,
+              on_disconnect: Callable[[], Awaitable[None]] | None = None) -> StreamingBody:
+    """A JSON document that takes a while (a run's output), with the app's heartbeat."""
+    return StreamingBody(chunks, media_type="application/json", heartbeat=request.app.state.heartbeat,
+                         headers=headers, on_disconnect=on_disconnect)
+
+
 class StreamingBody:
     """An ASGI response sending ``chunks`` as they come, with heartbeats while they don't.
 
-    ``on_disconnect`` runs if the client goes away before the last chunk.
+    ``on_disconnect`` runs if the client goes away before the last chunk. With ``patience``, a chunk
+    the client leaves unread that long ends the response early, with an ``error`` event saying why.
     """
 
     def __init__(self, chunks: AsyncIterator[bytes], *, media_type: str, heartbeat: float,
-                 headers: Mapping[str, str] | None = None,
+                 patience: float | None = None, headers: Mapping[str, str] | None = None,
                  on_disconnect: Callable[[], Awaitable[None]] | None = None) -> None:
         self.chunks = chunks
         self.heartbeat = JSON_HEARTBEAT if media_type == "application/json" else SSE_HEARTBEAT
         self.interval = heartbeat
+        self.patience = patience
         self.on_disconnect = on_disconnect
         self._last_sent = 0.0  # loop time of the last chunk or heartbeat
         raw = {"content-type": media_type, "cache-control": "no-store", **(headers or {})}
@@ -79,9 +104,12 @@ class StreamingBody:
         self._last_sent = loop.time()
         # One task beats for the whole response: a timer per chunk would cost more than the chunk.
         beating = asyncio.ensure_future(self._beat(send))
+        last = b""
         try:
             async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if not await self._sent(send, chunk):
+                    last = self._too_slow()
+                    break
                 self._last_sent = loop.time()
         finally:
             await _cancel(beating)  # before the last message: nothing may follow it
@@ -89,7 +117,27 @@ class StreamingBody:
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    async def _sent(self, send: Send, chunk: bytes) -> bool:
+        """Send ``chunk``; ``False`` when the client left it unread longer than ``patience``."""
+        message = {"type": "http.response.body", "body": chunk, "more_body": True}
+        if self.patience is None:
+            await send(message)
+            return True
+        try:
+            async with asyncio.timeout(self.patience):  # only the wait for the client is cut short
+                await send(message)
+        except TimeoutError:
+            return False
+        return True
+
+    def _too_slow(self) -> bytes:
+        logger.warning("a stream's reader left its writes unread for %s s: stream ended", self.patience)
+        return encode_event(StreamPart("error", {"error": "SlowReader", "message": (
+            f"this client read nothing for {self.patience} s, so the stream was ended and what the client had "
+            "not read was let go; join the run's stream again (with Last-Event-ID, for a resumable run) "
+            "to go on")}), with_id=False)
 
     async def _beat(self, send: Send) -> None:
         """Send a heartbeat whenever ``interval`` seconds pass without a chunk."""

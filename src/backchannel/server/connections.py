@@ -1,0 +1,96 @@
+"""Connections: time limits for clients that stall, so none can hold the server's sockets or memory.
+
+uvicorn waits as long as it takes for a request's headers, and keeps writing
+into a connection's buffer while its client reads nothing. Each such client
+holds a descriptor (1,000 of them and no other client gets in) or, for a
+stream, the run's events it has not read. The protocol made by
+:func:`limited_protocol` gives each request ``client_timeout`` seconds from
+its first byte (or the connection's opening) to its last header, whatever it
+trickles in meanwhile, and aborts a connection whose client leaves the
+server's writes unread that long. :func:`server_config` builds uvicorn's
+configuration with it, for ``serve`` and the tests alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["DEFAULT_CLIENT_TIMEOUT", "limited_protocol", "server_config"]
+
+DEFAULT_CLIENT_TIMEOUT = 10.0
+logger = logging.getLogger("backchannel.server")
+_LATE = b"the request's headers took too long to come"
+_TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+              b"connection: close\r\n\r\n%b" % (len(_LATE), _LATE))
+
+
+class _LimitedProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol with a deadline for each request's headers and for unread writes."""
+
+    client_timeout = DEFAULT_CLIENT_TIMEOUT
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._headers_due: asyncio.TimerHandle | None = None
+        self._reads_due: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._expect_headers()  # a client that connects and says nothing is timed too
+
+    def data_received(self, data: bytes) -> None:
+        if self.cycle is None or self.cycle.response_complete:  # the first bytes of a (next) request
+            self._expect_headers()
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        _cancel(self._headers_due)
+        self._headers_due = None
+        super().on_headers_complete()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._reads_due is None:
+            self._reads_due = self.loop.call_later(self.client_timeout, self._unread)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        _cancel(self._reads_due)
+        self._reads_due = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        _cancel(self._headers_due)
+        _cancel(self._reads_due)
+        super().connection_lost(exc)
+
+    def _expect_headers(self) -> None:
+        if self._headers_due is None:  # one deadline per request: trickling bytes does not extend it
+            self._headers_due = self.loop.call_later(self.client_timeout, self._headers_late)
+
+    def _headers_late(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(_TIMED_OUT)
+            self.transport.close()
+
+    def _unread(self) -> None:
+        # Nothing more can reach a client that reads nothing: drop the connection, with what it holds.
+        logger.warning("%s:%s left the server's writes unread for %s s: disconnected",
+                       *(self.client or ("?", "?")), self.client_timeout)
+        self.transport.abort()
+
+
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()
+
+
+def limited_protocol(client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol giving stalled clients ``client_timeout`` seconds."""
+    return type("LimitedHttpProtocol", (_LimitedProtocol,), {"client_timeout": client_timeout})
+
+
+def server_config(app: Any, *, client_timeout: float = DEFAULT_CLIENT_TIMEOUT, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration for ``app`` with the limits above (``options`` as ``uvicorn.Config`` takes them)."""
+    return uvicorn.Config(app, http=limited_protocol(client_timeout), **options)
