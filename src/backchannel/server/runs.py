@@ -27,7 +27,7 @@ from backchannel.server.routing import (
     runtime_of,
 )
 from backchannel.server.schemas import RunCreate
-from backchannel.server.sse import encode_event, event_stream, json_body
+from backchannel.server.sse import StreamingBody, encode_event, event_stream, json_body
 from backchannel.tracing import with_trace_context
 
 __all__ = ["ENDPOINTS"]
