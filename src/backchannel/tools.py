@@ -16,10 +16,14 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from backchannel._threads import run_in_thread
 from backchannel.errors import ToolArgumentsError, ToolError
+from backchannel.protocols import StoreAPI
+
+if TYPE_CHECKING:
+    from backchannel.context import RunContext
 
 __all__ = ["Tool", "ToolArgumentsError", "ToolError", "ToolResult", "ToolRuntime", "tool"]
 
@@ -34,9 +38,9 @@ class ToolRuntime:
     tool_call_id: str
     state: Mapping[str, Any]
     context: Any = None
-    store: Any = None
+    store: StoreAPI | None = None
     emit: Callable[[Any], None] = field(default=lambda data: None)
-    ctx: Any = None  # the whole RunContext, for framework tools that start runs of their own
+    ctx: RunContext | None = None  # the whole RunContext, for framework tools that start runs of their own
 
 
 @dataclass(slots=True)

@@ -199,5 +199,5 @@ class SupportsStore(Protocol):
 
     async def delete_item(self, namespace: Sequence[str], /, key: str) -> None: ...
 
-    async def search_items(self, namespace_prefix: Sequence[str], /, limit: int = 10,
+    async def search_items(self, namespace_prefix: Sequence[str], /, *, limit: int = 10,
                            offset: int = 0) -> dict[str, Any]: ...
