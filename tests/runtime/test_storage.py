@@ -245,6 +245,15 @@ async def test_dropping_a_pending_run_leaves_a_persons_question_pending(storage)
     assert (thread.status, thread.interrupts) == ("interrupted", question)
 
 
+async def test_runs_are_counted_by_status(storage):
+    assert await storage.count_runs_by_status() == {}
+    queued, doomed, claimed = _run("t"), _run("t"), _run("u", status="running")
+    for row in (queued, doomed, claimed):
+        await storage.create_run(row)
+    await storage.drop_pending_run(doomed.run_id, "interrupt", now_iso())
+    assert await storage.count_runs_by_status() == {"pending": 1, "interrupted": 1, "running": 1}
+
+
 async def test_threads_sort_by_when_their_state_last_changed(storage):
     for thread_id, at in (("a", "2026-01-01T00:00:01"), ("b", "2026-01-01T00:00:02"), ("c", "2026-01-01T00:00:03")):
         await storage.create_thread(ThreadRow(thread_id, at, at))

@@ -12,6 +12,7 @@ next runtime to open the database.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
@@ -25,6 +26,7 @@ from backchannel.protocols import HostRuntime
 from backchannel.result import RunResult
 from backchannel.runtime.checkpoints import Checkpointer, Recorder, ThreadState
 from backchannel.runtime.mail import Mail
+from backchannel.runtime.metrics import RunMetrics
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.queue import RunQueue
 from backchannel.runtime.registry import Registry
@@ -48,8 +50,9 @@ class Executor:
     """Executes the runs the scheduler starts, and records how each ended."""
 
     def __init__(self, host: HostRuntime, storage: Storage, checkpoints: Checkpointer, registry: Registry,
-                 streams: Streams, scheduler: Scheduler, queue: RunQueue, mail: Mail, peers: Peers, *,
-                 spawn: Callable[[Coroutine[Any, Any, Any]], object], is_open: Callable[[], bool]) -> None:
+                 streams: Streams, scheduler: Scheduler, queue: RunQueue, mail: Mail, peers: Peers,
+                 metrics: RunMetrics, *, spawn: Callable[[Coroutine[Any, Any, Any]], object],
+                 is_open: Callable[[], bool]) -> None:
         self.host = host
         self.storage = storage
         self.checkpoints = checkpoints
@@ -59,11 +62,13 @@ class Executor:
         self.queue = queue
         self.mail = mail
         self.peers = peers
+        self.metrics = metrics
         self._spawn = spawn
         self._is_open = is_open
 
     async def execute(self, row: RunRow, stream: RunStream) -> None:
         """Run ``row`` to its end (the scheduler's task for it)."""
+        started = time.monotonic()
         status: RunStatus = "error"
         error: dict[str, Any] | None = None
         values: dict[str, Any] | None = None
@@ -103,6 +108,7 @@ class Executor:
         if row.kwargs.get("temporary"):
             await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
+        self.metrics.run_ended(status, time.monotonic() - started)
         self.streams.retire(stream)
         self.peers.run_ended(row, status, error)
         if row.kwargs.get("webhook"):

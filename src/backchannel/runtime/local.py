@@ -32,6 +32,7 @@ from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer
 from backchannel.runtime.clients import AssistantsClient, RunsClient, StoreClient, ThreadsClient
 from backchannel.runtime.executor import Executor
 from backchannel.runtime.mail import Mail
+from backchannel.runtime.metrics import RunMetrics
 from backchannel.runtime.outbox import Outbox
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.queue import RunQueue
@@ -80,9 +81,11 @@ class LocalRuntime:
                                    max_concurrency=max_concurrency, execute=self._execute)
         self.queue = RunQueue(self.storage, self.streams, self.scheduler, self.peers, self.checkpoints,
                               self.registry, worker_id=self.worker_id)
-        self.mail = Mail(self.storage, self.checkpoints, self.registry, self.queue, self.scheduler, self.peers)
+        self.metrics = RunMetrics()
+        self.mail = Mail(self.storage, self.checkpoints, self.registry, self.queue, self.scheduler, self.peers,
+                         self.metrics)
         self.executor = Executor(self, self.storage, self.checkpoints, self.registry, self.streams, self.scheduler,
-                                 self.queue, self.mail, self.peers, spawn=self.spawn,
+                                 self.queue, self.mail, self.peers, self.metrics, spawn=self.spawn,
                                  is_open=lambda: self._opened)
         self.recovery = Recovery(self.storage, self.scheduler, self.mail, worker_id=self.worker_id,
                                  heartbeat_interval=heartbeat_interval, lease=lease)

@@ -17,6 +17,7 @@ from backchannel.errors import InvalidRequestError, NotFoundError
 from backchannel.messages import AnyMessage
 from backchannel.runtime.checkpoints import Checkpointer
 from backchannel.runtime.inbox import ThreadInbox
+from backchannel.runtime.metrics import RunMetrics
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.queue import NewRun, RunQueue
 from backchannel.runtime.registry import Registry
@@ -32,8 +33,9 @@ class Mail:
     """The inboxes of the runs executing here, and the wake-ups of idle threads that have mail."""
 
     def __init__(self, storage: Storage, checkpoints: Checkpointer, registry: Registry, queue: RunQueue,
-                 scheduler: Scheduler, peers: Peers) -> None:
+                 scheduler: Scheduler, peers: Peers, metrics: RunMetrics) -> None:
         self.storage = storage
+        self.metrics = metrics
         self.checkpoints = checkpoints
         self.registry = registry
         self.queue = queue
@@ -51,6 +53,7 @@ class Mail:
         """
         if not await self.storage.put_inbox(thread_id, key, message, now_iso()):
             return False
+        self.metrics.notification_delivered()
         # The run that takes it will load the thread's state: keep it cached through a busy fan-out
         # (rebuilding a supervisor's long state from its checkpoints costs far more).
         self.checkpoints.keep(thread_id)

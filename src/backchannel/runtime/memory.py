@@ -176,6 +176,9 @@ class MemoryStorage(Storage):
         rows = [r for r in rows if status is None or r.status == status]
         return [_copy(r) for r in rows[offset: offset + limit]]
 
+    async def count_runs_by_status(self) -> dict[RunStatus, int]:
+        return dict(Counter(row.status for row in self._runs.values()))
+
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         return [_copy(self._runs[r]) for r in self._runs_of.get(thread_id, ()) if self._runs[r].status in ACTIVE]
 

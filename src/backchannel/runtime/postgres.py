@@ -293,6 +293,10 @@ class PostgresStorage(Storage):
                                (*params, limit, offset))
         return [run_row(r) for r in rows]
 
+    async def count_runs_by_status(self) -> dict[RunStatus, int]:
+        return {status: count for status, count in await self._all("SELECT status, count(*) FROM runs GROUP BY status",
+                                                                    ())}
+
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         rows = await self._all(f"SELECT {_RUN_COLUMNS} FROM runs WHERE thread_id = %s "
                                "AND status IN ('pending', 'running') ORDER BY seq", (thread_id,))

@@ -315,6 +315,9 @@ class SQLiteStorage(Storage):
                                (*params, limit, offset)).fetchall()
         return [run_row(r) for r in rows]
 
+    async def count_runs_by_status(self) -> dict[RunStatus, int]:
+        return {status: count for status, count in self.db.execute("SELECT status, count(*) FROM runs GROUP BY status")}
+
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         rows = self.db.execute(
             "SELECT * FROM runs WHERE thread_id = ? AND status IN ('pending', 'running') ORDER BY rowid",

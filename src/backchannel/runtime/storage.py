@@ -97,6 +97,10 @@ class RunStorage(Protocol):
         """A thread's runs, newest first."""
 
     @abc.abstractmethod
+    async def count_runs_by_status(self) -> dict[RunStatus, int]:
+        """How many runs there are of each status (statuses without runs left out)."""
+
+    @abc.abstractmethod
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         """A thread's pending and running runs, oldest first."""
 

@@ -2,7 +2,8 @@
 
 ``create_app(runtime)`` serves the runtime's ``assistants``, ``threads``,
 ``runs`` and ``store`` at the paths ``langgraph_sdk`` calls, plus ``/ok``,
-``/info`` and ``/openapi.json``. The app opens the runtime when it starts
+``/info``, ``/openapi.json``, ``/docs`` (the same document as a page) and
+``/metrics`` (Prometheus). The app opens the runtime when it starts
 and, when it stops, gives running runs ``grace`` seconds to finish; the rest
 resume when a runtime next opens the same database. With a ``demo_page`` it
 also serves the seed 001 demo page at ``/`` (:mod:`backchannel.server.demo_page`).
@@ -23,9 +24,12 @@ from backchannel.server import assistants, runs, store, threads
 from backchannel.server.auth import APIKeyMiddleware
 from backchannel.server.browsers import BrowserGuard, BrowserPolicy, default_policy
 from backchannel.server.connections import DEFAULT_CLIENT_TIMEOUT
+from backchannel.server.docs import docs
 from backchannel.server.errors import EXCEPTION_HANDLERS
+from backchannel.server.metrics import CONTENT_TYPE, metrics
 from backchannel.server.openapi import openapi_document
 from backchannel.server.routing import Endpoint, JSONResponse, routes
+from backchannel.server.sse import OpenStreams
 
 if TYPE_CHECKING:
     from backchannel.server.demo_page import DemoPage
@@ -54,6 +58,9 @@ META = [
     Endpoint("GET", "/ok", ok, "Health check (needs no API key)"),
     Endpoint("GET", "/info", info, "Server version and features"),
     Endpoint("GET", "/openapi.json", openapi, "This document"),
+    Endpoint("GET", "/docs", docs, "This document as a web page", media_type="text/html"),
+    Endpoint("GET", "/metrics", metrics, "Runs, the queue, run latency, open streams and notifications, for Prometheus",
+             media_type=CONTENT_TYPE),
 ]
 ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINTS, *runs.ENDPOINTS, *store.ENDPOINTS]
 
@@ -92,5 +99,6 @@ def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int 
     app.state.max_body_bytes = max_body_bytes
     app.state.heartbeat = heartbeat
     app.state.client_timeout = client_timeout
+    app.state.open_streams = OpenStreams()
     app.state.openapi = openapi_document(ENDPOINTS, version=__version__)
     return app

@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 from backchannel.runtime.modes import StreamPart
 from backchannel.server.routing import render_json
 
-__all__ = ["SSE_HEARTBEAT", "StreamingBody", "encode_event", "event_stream", "json_body"]
+__all__ = ["SSE_HEARTBEAT", "OpenStreams", "StreamingBody", "encode_event", "event_stream", "json_body"]
 
 SSE_HEARTBEAT = b": heartbeat\r\n\r\n"
 JSON_HEARTBEAT = b"\n"
@@ -48,7 +48,8 @@ def event_stream(request: Request, chunks: AsyncIterator[bytes], *, headers: Map
                  on_disconnect: Callable[[], Awaitable[None]] | None = None) -> StreamingBody:
     """Server-sent events, with the app's heartbeat, and half its client timeout as a reader's patience."""
     return StreamingBody(chunks, media_type="text/event-stream", heartbeat=request.app.state.heartbeat,
-                         patience=request.app.state.client_timeout / 2, headers=headers, on_disconnect=on_disconnect)
+                         patience=request.app.state.client_timeout / 2, headers=headers, on_disconnect=on_disconnect,
+                         counter=request.app.state.open_streams)
 
 
 def json_body(request: Request, chunks: AsyncIterator[bytes], *, headers: Mapping[str, str] | None = None,
@@ -56,6 +57,13 @@ def json_body(request: Request, chunks: AsyncIterator[bytes], *, headers: Mappin
     """A JSON document that takes a while (a run's output), with the app's heartbeat."""
     return StreamingBody(chunks, media_type="application/json", heartbeat=request.app.state.heartbeat,
                          headers=headers, on_disconnect=on_disconnect)
+
+
+class OpenStreams:
+    """How many event streams are open now (for ``/metrics``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
 
 
 class StreamingBody:
@@ -67,8 +75,10 @@ class StreamingBody:
 
     def __init__(self, chunks: AsyncIterator[bytes], *, media_type: str, heartbeat: float,
                  patience: float | None = None, headers: Mapping[str, str] | None = None,
-                 on_disconnect: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_disconnect: Callable[[], Awaitable[None]] | None = None,
+                 counter: OpenStreams | None = None) -> None:
         self.chunks = chunks
+        self.counter = counter
         self.heartbeat = JSON_HEARTBEAT if media_type == "application/json" else SSE_HEARTBEAT
         self.interval = heartbeat
         self.patience = patience
@@ -80,6 +90,15 @@ class StreamingBody:
         self.raw_headers = [(k.lower().encode(), v.encode()) for k, v in raw.items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.counter is not None:
+            self.counter.count += 1
+        try:
+            await self._respond(receive, send)
+        finally:
+            if self.counter is not None:
+                self.counter.count -= 1
+
+    async def _respond(self, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         sending = asyncio.ensure_future(self._send_all(send))
         watching = asyncio.ensure_future(_disconnected(receive))
