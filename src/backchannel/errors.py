@@ -36,7 +36,13 @@ __all__ = [
     "InvalidRequestError",
     "MaxIterationsError",
     "MiddlewareError",
+    "MissingAPIKeyError",
+    "ModelAuthenticationError",
+    "ModelConnectionError",
     "ModelError",
+    "ModelRateLimitError",
+    "ModelRequestError",
+    "ModelServerError",
     "NotFoundError",
     "RemoteError",
     "SchemaVersionError",
@@ -70,7 +76,56 @@ class MiddlewareError(BackchannelError):
 
 
 class ModelError(BackchannelError):
-    """The model could not produce a reply (provider error, bad response)."""
+    """The model could not produce a reply (provider error, bad response).
+
+    ``provider`` names the provider (``"openai"``, ``"anthropic"``, ...), ``status`` is the HTTP status
+    it answered with (``None`` when it never answered), and ``retryable`` says whether the same call
+    may succeed later (rate limits, overload, outages, lost connections).
+    """
+
+    retryable_by_default = False
+
+    def __init__(self, message: str, *, provider: str | None = None, status: int | None = None,
+                 retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status = status
+        self.retryable = self.retryable_by_default if retryable is None else retryable
+
+
+class ModelAuthenticationError(ModelError):
+    """The provider refused the credentials: a missing, wrong or unauthorised API key (HTTP 401/403)."""
+
+
+class MissingAPIKeyError(ModelAuthenticationError):
+    """No API key for the provider; ``env_var`` is the environment variable to set."""
+
+    def __init__(self, provider: str, env_var: str, model: str) -> None:
+        super().__init__(f"{env_var} is not set: export {env_var}=... to use {provider}:{model} "
+                         "(or pass api_key=...)", provider=provider)
+        self.env_var = env_var
+
+
+class ModelRequestError(ModelError):
+    """The provider refused the request itself: a bad parameter, an unknown model (HTTP 4xx). Not retryable."""
+
+
+class ModelRateLimitError(ModelError):
+    """Too many requests or tokens for the account (HTTP 429); retry later."""
+
+    retryable_by_default = True
+
+
+class ModelServerError(ModelError):
+    """The provider failed or is overloaded (HTTP 5xx, 529, a timeout it reported); retry later."""
+
+    retryable_by_default = True
+
+
+class ModelConnectionError(ModelError):
+    """The provider could not be reached, or did not answer in time; retry later."""
+
+    retryable_by_default = True
 
 
 class ToolError(BackchannelError):

@@ -29,6 +29,13 @@ from provider_fakes import (
     tool_use_block,
 )
 
+from backchannel.errors import (
+    MissingAPIKeyError,
+    ModelAuthenticationError,
+    ModelRateLimitError,
+    ModelRequestError,
+    ModelServerError,
+)
 from backchannel.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage, tool_call
 from backchannel.models import (
     FinishDelta,
@@ -355,37 +362,63 @@ async def test_stream_malformed_tool_input_becomes_invalid_tool_call(
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["generate", "stream"])
-async def test_provider_http_error_raises_the_sdk_error(
+async def test_a_provider_http_error_is_a_typed_model_error(
     server: FakeServer, model: AnthropicModel, streamed: bool
 ) -> None:
     server.reply(anthropic_error("max_tokens: must be positive", 400))
 
-    with pytest.raises(anthropic.BadRequestError, match="max_tokens: must be positive") as caught:
+    with pytest.raises(ModelRequestError, match="max_tokens: must be positive") as caught:
         if streamed:
             await accumulate(model.stream(make_request(model)))
         else:
             await model.generate(make_request(model))
 
-    assert caught.value.status_code == 400
+    error = caught.value
+    assert (error.status, error.provider, error.retryable) == (400, "anthropic", False)
+    assert isinstance(error.__cause__, anthropic.BadRequestError)
 
 
-async def test_server_error_is_not_retried_with_max_retries_zero(
-    server: FakeServer, model: AnthropicModel
+@pytest.mark.parametrize(
+    ("status", "kind", "expected", "retryable"),
+    [
+        (401, "authentication_error", ModelAuthenticationError, False),
+        (429, "rate_limit_error", ModelRateLimitError, True),
+        (500, "api_error", ModelServerError, True),
+        (529, "overloaded_error", ModelServerError, True),
+    ],
+)
+async def test_each_status_maps_to_its_error_type(
+    server: FakeServer, model: AnthropicModel, status: int, kind: str, expected: type, retryable: bool
 ) -> None:
-    server.reply(anthropic_error("Internal server error", 500, "api_error"))
+    server.reply(anthropic_error("it went wrong", status, kind))
 
-    with pytest.raises(anthropic.InternalServerError):
+    with pytest.raises(expected) as caught:
         await model.generate(make_request(model))
 
+    assert (caught.value.status, caught.value.retryable) == (status, retryable)
     assert len(server.requests) == 1
 
 
-async def test_error_event_mid_stream_raises(server: FakeServer, model: AnthropicModel) -> None:
+async def test_an_overloaded_error_mid_stream_is_a_retryable_server_error(
+    server: FakeServer, model: AnthropicModel
+) -> None:
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     server.reply(SseReply([anthropic_event(message_start(input_tokens=5)), anthropic_event(error)]))
 
-    with pytest.raises(anthropic.APIStatusError, match="Overloaded"):
+    with pytest.raises(ModelServerError, match="Overloaded") as caught:
         await accumulate(model.stream(make_request(model)))
+
+    assert caught.value.retryable and caught.value.provider == "anthropic"
+
+
+def test_a_missing_key_names_the_variable_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+
+    with pytest.raises(MissingAPIKeyError, match="ANTHROPIC_API_KEY is not set") as caught:
+        init_model(f"anthropic:{CLAUDE}")
+
+    assert caught.value.env_var == "ANTHROPIC_API_KEY"
 
 
 async def test_init_model_builds_an_anthropic_adapter(server: FakeServer) -> None:

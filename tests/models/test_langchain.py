@@ -24,6 +24,7 @@ from provider_fakes import (
     openai_usage_chunk,
 )
 
+from backchannel.errors import ModelRequestError
 from backchannel.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage, tool_call
 from backchannel.models import ModelRequest, TextDelta, ToolCallDelta, accumulate, init_model
 from backchannel.models.langchain import LangChainModel, tool_from_langchain
@@ -279,16 +280,19 @@ async def test_astream_malformed_tool_arguments_become_invalid_tool_calls(
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["ainvoke", "astream"])
-async def test_provider_http_error_propagates(
+async def test_a_provider_http_error_is_a_typed_model_error(
     server: FakeServer, model: LangChainModel, streamed: bool
 ) -> None:
     server.reply(openai_error("Invalid value for 'temperature'.", 400))
 
-    with pytest.raises(openai.BadRequestError, match="Invalid value for 'temperature'"):
+    with pytest.raises(ModelRequestError, match="Invalid value for 'temperature'") as caught:
         if streamed:
             await accumulate(model.stream(make_request(model)))
         else:
             await model.generate(make_request(model))
+
+    assert caught.value.status == 400 and not caught.value.retryable
+    assert isinstance(caught.value.__cause__, openai.BadRequestError)
 
 
 def test_init_model_wraps_a_langchain_chat_model(chat_openai: ChatOpenAI) -> None:

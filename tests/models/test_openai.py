@@ -20,6 +20,15 @@ from provider_fakes import (
     openai_usage_chunk,
 )
 
+from backchannel.errors import (
+    MissingAPIKeyError,
+    ModelAuthenticationError,
+    ModelConnectionError,
+    ModelError,
+    ModelRateLimitError,
+    ModelRequestError,
+    ModelServerError,
+)
 from backchannel.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage, tool_call
 from backchannel.models import (
     FinishDelta,
@@ -374,29 +383,70 @@ async def test_stream_malformed_tool_arguments_become_invalid_tool_calls(
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["generate", "stream"])
-async def test_provider_http_error_raises_the_sdk_error(
+async def test_a_provider_http_error_is_a_typed_model_error(
     server: FakeServer, model: OpenAIModel, streamed: bool
 ) -> None:
     server.reply(openai_error("Invalid value for 'temperature'.", 400))
 
-    with pytest.raises(openai.BadRequestError, match="Invalid value for 'temperature'") as caught:
+    with pytest.raises(ModelRequestError, match="Invalid value for 'temperature'") as caught:
         if streamed:
             await accumulate(model.stream(make_request(model)))
         else:
             await model.generate(make_request(model))
 
-    assert caught.value.status_code == 400
+    error = caught.value
+    assert (error.status, error.provider, error.retryable) == (400, "openai", False)
+    assert isinstance(error.__cause__, openai.BadRequestError)  # the SDK's error stays reachable
 
 
-async def test_server_error_is_not_retried_with_max_retries_zero(
-    server: FakeServer, model: OpenAIModel
+@pytest.mark.parametrize(
+    ("status", "kind", "expected", "retryable"),
+    [
+        (401, "invalid_request_error", ModelAuthenticationError, False),
+        (404, "invalid_request_error", ModelRequestError, False),
+        (429, "rate_limit_error", ModelRateLimitError, True),
+        (500, "server_error", ModelServerError, True),
+        (503, "server_error", ModelServerError, True),
+    ],
+)
+async def test_each_status_maps_to_its_error_type(
+    server: FakeServer, model: OpenAIModel, status: int, kind: str, expected: type, retryable: bool
 ) -> None:
-    server.reply(openai_error("The server had an error.", 500, "server_error"))
+    server.reply(openai_error("it went wrong", status, kind))
 
-    with pytest.raises(openai.InternalServerError):
+    with pytest.raises(expected) as caught:
         await model.generate(make_request(model))
 
-    assert len(server.requests) == 1
+    assert (caught.value.status, caught.value.retryable) == (status, retryable)
+    assert isinstance(caught.value, ModelError) and "it went wrong" in str(caught.value)
+    assert len(server.requests) == 1  # max_retries=0: the adapter itself does not retry
+
+
+async def test_a_rejected_key_names_the_variable_to_check(server: FakeServer, model: OpenAIModel) -> None:
+    server.reply(openai_error("Incorrect API key provided: sk-bad.", 401))
+
+    with pytest.raises(ModelAuthenticationError, match="OPENAI_API_KEY"):
+        await model.generate(make_request(model))
+
+
+async def test_an_unreachable_server_is_a_retryable_connection_error() -> None:
+    model = OpenAIModel(MODEL, base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0, timeout=5)
+
+    with pytest.raises(ModelConnectionError) as caught:
+        await model.generate(make_request(model))
+
+    assert caught.value.retryable and caught.value.status is None and caught.value.provider == "openai"
+
+
+def test_a_missing_key_names_the_variable_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+    with pytest.raises(MissingAPIKeyError, match="OPENAI_API_KEY is not set") as caught:
+        init_model("openai:gpt-4o-mini")
+
+    assert caught.value.env_var == "OPENAI_API_KEY" and caught.value.provider == "openai"
+    assert "api_key" not in str(caught.value).split("OPENAI_API_KEY is not set")[0]  # no SDK internals first
+    assert isinstance(init_model("ollama:llama3.1"), OpenAIModel)  # local servers need no key
 
 
 async def test_init_model_builds_an_openai_adapter(server: FakeServer) -> None:

@@ -37,8 +37,9 @@ _PROVIDERS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "openai": ("backchannel.models.openai", "OpenAIModel", {}),
     "azure": ("backchannel.models.openai", "OpenAIModel", {"azure": True}),
     "ollama": ("backchannel.models.openai", "OpenAIModel",
-               {"base_url": "http://localhost:11434/v1", "api_key": "ollama"}),
-    "vllm": ("backchannel.models.openai", "OpenAIModel", {"base_url": "http://localhost:8000/v1", "api_key": "EMPTY"}),
+               {"base_url": "http://localhost:11434/v1", "api_key": "ollama", "provider": "ollama"}),
+    "vllm": ("backchannel.models.openai", "OpenAIModel",
+             {"base_url": "http://localhost:8000/v1", "api_key": "EMPTY", "provider": "vllm"}),
     "anthropic": ("backchannel.models.anthropic", "AnthropicModel", {}),
 }
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 try:
-    from anthropic import AsyncAnthropic
+    from anthropic import APIError, AsyncAnthropic
     from anthropic.resources.messages import AsyncMessages
     from anthropic.types import Message
 except ImportError as exc:
@@ -29,6 +30,7 @@ except ImportError as exc:
         'install with pip install "backchannel[anthropic]"'
     ) from exc
 
+from backchannel.errors import MissingAPIKeyError
 from backchannel.messages import (
     AIMessage,
     AnyMessage,
@@ -45,6 +47,7 @@ from backchannel.models.base import (
     ModelRequest,
     TextDelta,
     ToolCallDelta,
+    provider_errors,
 )
 from backchannel.tools import Tool
 
@@ -70,7 +73,9 @@ class AnthropicModel(ChatModel):
 
     ``extra`` keywords that the SDK client accepts (``default_headers``,
     ``auth_token``, ...) configure the client; the rest are default request
-    settings, like ``top_p`` or ``thinking``.
+    settings, like ``top_p`` or ``thinking``. Without a key (``api_key``, else
+    ``ANTHROPIC_API_KEY``; or an auth token) it raises
+    :class:`~backchannel.errors.MissingAPIKeyError` naming the variable.
     """
 
     def __init__(
@@ -99,6 +104,8 @@ class AnthropicModel(ChatModel):
         }
         self.default_settings: dict[str, Any] = {k: v for k, v in defaults.items() if v is not None}
         if client is None:
+            if api_key is None and not _has_credentials(client_options):
+                raise MissingAPIKeyError("anthropic", "ANTHROPIC_API_KEY", model)
             options: dict[str, Any] = {
                 "api_key": api_key,
                 "base_url": base_url,
@@ -112,16 +119,18 @@ class AnthropicModel(ChatModel):
         self.client = client
 
     async def generate(self, request: ModelRequest) -> AIMessage:
-        response = await self.client.messages.create(**self._create_arguments(request))
+        with provider_errors("anthropic", APIError, key_env="ANTHROPIC_API_KEY"):
+            response = await self.client.messages.create(**self._create_arguments(request))
         return _message_from_response(response)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
-        events = await self.client.messages.create(**self._create_arguments(request), stream=True)
         translator = _StreamTranslator()
-        async with events:
-            async for event in events:
-                for delta in translator.deltas(event):
-                    yield delta
+        with provider_errors("anthropic", APIError, key_env="ANTHROPIC_API_KEY"):
+            events = await self.client.messages.create(**self._create_arguments(request), stream=True)
+            async with events:
+                async for event in events:
+                    for delta in translator.deltas(event):
+                        yield delta
         yield translator.finish()
 
     def _create_arguments(self, request: ModelRequest) -> dict[str, Any]:
@@ -144,6 +153,12 @@ class AnthropicModel(ChatModel):
         if unknown:
             known["extra_body"] = {**unknown, **(known.get("extra_body") or {})}
         return {**arguments, **known}
+
+
+def _has_credentials(client_options: Mapping[str, Any]) -> bool:
+    """Whether the SDK client will find an API key or an auth token on its own."""
+    return bool(os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
+                or client_options.get("auth_token"))
 
 
 def _translate_settings(settings: Mapping[str, Any], has_tools: bool) -> dict[str, Any]:

@@ -8,10 +8,19 @@ both; :class:`ChatModel` derives the other.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
+from backchannel.errors import (
+    ModelAuthenticationError,
+    ModelConnectionError,
+    ModelError,
+    ModelRateLimitError,
+    ModelRequestError,
+    ModelServerError,
+)
 from backchannel.messages import AIMessage, AnyMessage, InvalidToolCall, ToolCall, Usage
 from backchannel.tools import Tool
 
@@ -24,7 +33,9 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "accumulate",
+    "model_error",
     "parse_tool_arguments",
+    "provider_errors",
 ]
 
 
@@ -176,3 +187,73 @@ async def accumulate(deltas: AsyncIterator[ModelDelta]) -> AIMessage:
     async for delta in deltas:
         acc.add(delta)
     return acc.message()
+
+
+# -- provider errors ---------------------------------------------------------------------------
+
+# The status an error reported inside a 200 stream stands for (Anthropic's error events name a type only).
+_STATUS_OF_KIND = {"overloaded_error": 529, "api_error": 500, "rate_limit_error": 429,
+                   "authentication_error": 401, "permission_error": 403, "not_found_error": 404,
+                   "invalid_request_error": 400, "request_too_large": 413}
+
+
+def model_error(exc: BaseException, provider: str, *, key_env: str | None = None) -> ModelError | None:
+    """``exc``, a provider SDK's error, as backchannel's :class:`ModelError` subclass for what went wrong
+    (``None`` when it does not look like a provider error: no HTTP status, not a connection failure).
+
+    Works on any SDK whose errors carry ``status_code`` and ``body`` (OpenAI's and Anthropic's do);
+    ``key_env`` is the variable holding the key, named when the provider refuses it.
+    """
+    status, detail, kind = _error_fields(exc)
+    if status is not None and status < 400:  # an error event inside a successful (streamed) response
+        status = _STATUS_OF_KIND.get(kind or "")
+    if status is None:
+        if not _is_connection_error(exc):
+            return None
+        return ModelConnectionError(f"{provider}: could not reach the provider: {detail}", provider=provider)
+    text = f"{provider} {status}: {detail}"
+    if status in (401, 403):
+        hint = f" (check {key_env})" if key_env else ""
+        return ModelAuthenticationError(f"{text}{hint}", provider=provider, status=status)
+    if status == 429:
+        return ModelRateLimitError(text, provider=provider, status=status)
+    if status >= 500 or status in (408, 409):
+        return ModelServerError(text, provider=provider, status=status)
+    return ModelRequestError(text, provider=provider, status=status)
+
+
+def _error_fields(exc: BaseException) -> tuple[int | None, str, str | None]:
+    """``(status, the provider's own message, its error type)`` of an SDK error."""
+    status = getattr(exc, "status_code", None)
+    body = getattr(exc, "body", None)
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+        return status, error["message"], error.get("type") if isinstance(error.get("type"), str) else None
+    return status, str(getattr(exc, "message", None) or exc or type(exc).__name__), None
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectError",
+                         "TimeoutException"}) or isinstance(exc, (ConnectionError, TimeoutError))
+
+
+@contextmanager
+def provider_errors(provider: str, sdk_error: type[BaseException] | None = None, *,
+                    key_env: str | None = None) -> Iterator[None]:
+    """Raise a provider SDK's errors in the block as :class:`ModelError` subclasses (the SDK's as ``__cause__``).
+
+    With ``sdk_error`` (the SDK's base error class) every such error is translated; without it, only
+    errors that carry an HTTP status or are connection failures, the rest passing through as they are.
+    """
+    try:
+        yield
+    except ModelError:
+        raise
+    except Exception as exc:
+        error = model_error(exc, provider, key_env=key_env)
+        if error is None and sdk_error is not None and isinstance(exc, sdk_error):
+            error = ModelError(f"{provider}: {_error_fields(exc)[1]}", provider=provider)
+        if error is None:
+            raise
+        raise error from exc

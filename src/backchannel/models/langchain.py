@@ -43,6 +43,7 @@ from backchannel.models.base import (
     ModelRequest,
     TextDelta,
     ToolCallDelta,
+    provider_errors,
 )
 from backchannel.tools import Tool
 
@@ -50,7 +51,11 @@ __all__ = ["LangChainModel", "tool_from_langchain"]
 
 
 class LangChainModel(ChatModel):
-    """Wraps a LangChain ``BaseChatModel`` (``ChatOpenAI``, ``ChatAnthropic``, ...)."""
+    """Wraps a LangChain ``BaseChatModel`` (``ChatOpenAI``, ``ChatAnthropic``, ...).
+
+    Provider errors that carry an HTTP status, and connection failures, are raised as
+    :class:`~backchannel.errors.ModelError` subclasses, like the native adapters'.
+    """
 
     def __init__(self, model: BaseChatModel, *, name: str | None = None) -> None:
         self.model = model
@@ -60,28 +65,31 @@ class LangChainModel(ChatModel):
             or getattr(model, "model", None)
             or type(model).__name__
         )
+        self.provider = str(getattr(model, "_llm_type", None) or "langchain")
 
     async def generate(self, request: ModelRequest) -> AIMessage:
         runnable, kwargs = self._runnable(request)
-        reply = await runnable.ainvoke(_langchain_messages(request), **kwargs)
+        with provider_errors(self.provider):
+            reply = await runnable.ainvoke(_langchain_messages(request), **kwargs)
         return _message_from_langchain(reply)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
         runnable, kwargs = self._runnable(request)
         finish = _StreamFinish()
         call_indexes = _ToolCallIndexes()
-        async for chunk in runnable.astream(_langchain_messages(request), **kwargs):
-            text = text_of(chunk.content)
-            if text:
-                yield TextDelta(text)
-            for call in chunk.tool_call_chunks:
-                yield ToolCallDelta(
-                    call_indexes.index_of(call),
-                    call.get("id"),
-                    call.get("name"),
-                    call.get("args") or "",
-                )
-            finish.add(chunk)
+        with provider_errors(self.provider):
+            async for chunk in runnable.astream(_langchain_messages(request), **kwargs):
+                text = text_of(chunk.content)
+                if text:
+                    yield TextDelta(text)
+                for call in chunk.tool_call_chunks:
+                    yield ToolCallDelta(
+                        call_indexes.index_of(call),
+                        call.get("id"),
+                        call.get("name"),
+                        call.get("args") or "",
+                    )
+                finish.add(chunk)
         yield finish.delta()
 
     def _runnable(self, request: ModelRequest) -> tuple[Runnable[Any, Any], dict[str, Any]]:

@@ -14,7 +14,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from openai import AsyncAzureOpenAI, AsyncOpenAI
+from openai import APIError, AsyncAzureOpenAI, AsyncOpenAI
 from openai.resources.chat.completions import AsyncCompletions
 from openai.types import CompletionUsage
 from openai.types.chat import (
@@ -23,7 +23,7 @@ from openai.types.chat import (
     ChatCompletionMessageToolCallUnion,
 )
 
-from backchannel.errors import ModelError
+from backchannel.errors import MissingAPIKeyError, ModelError
 from backchannel.messages import (
     AIMessage,
     AnyMessage,
@@ -42,6 +42,7 @@ from backchannel.models.base import (
     TextDelta,
     ToolCallDelta,
     parse_tool_arguments,
+    provider_errors,
 )
 from backchannel.tools import Tool
 
@@ -64,7 +65,10 @@ class OpenAIModel(ChatModel):
     ``default_headers``, ``api_version``, ...) configure the client; the rest
     are default request settings, like ``temperature`` and ``max_tokens``.
     With ``azure=True`` the model is the deployment name and ``base_url`` the
-    Azure endpoint (default: ``AZURE_OPENAI_ENDPOINT``).
+    Azure endpoint (default: ``AZURE_OPENAI_ENDPOINT``). Without an API key
+    (``api_key``, else ``OPENAI_API_KEY`` or ``AZURE_OPENAI_API_KEY``) it raises
+    :class:`~backchannel.errors.MissingAPIKeyError` naming the variable.
+    ``provider`` names the service in errors (``"ollama"``, ...).
     """
 
     def __init__(
@@ -79,10 +83,13 @@ class OpenAIModel(ChatModel):
         max_tokens: int | None = None,
         timeout: float | None = None,
         max_retries: int = 2,
+        provider: str | None = None,
         **extra: Any,
     ) -> None:
         self.model = model
         self.name = model
+        self.provider = provider or ("azure" if azure else "openai")
+        self._key_env = "AZURE_OPENAI_API_KEY" if azure else "OPENAI_API_KEY"
         client_params = _constructor_params(AsyncAzureOpenAI if azure else AsyncOpenAI)
         client_options = {k: v for k, v in extra.items() if k in client_params}
         defaults = {
@@ -91,12 +98,15 @@ class OpenAIModel(ChatModel):
             **{k: v for k, v in extra.items() if k not in client_options},
         }
         self.default_settings: dict[str, Any] = {k: v for k, v in defaults.items() if v is not None}
+        if client is None and api_key is None and not _has_credentials(azure, client_options):
+            raise MissingAPIKeyError(self.provider, self._key_env, model)
         self.client = client or _make_client(
             azure, base_url, api_key, timeout, max_retries, client_options
         )
 
     async def generate(self, request: ModelRequest) -> AIMessage:
-        response = await self.client.chat.completions.create(**self._create_arguments(request))
+        with provider_errors(self.provider, APIError, key_env=self._key_env):
+            response = await self.client.chat.completions.create(**self._create_arguments(request))
         return _message_from_completion(response)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
@@ -105,12 +115,13 @@ class OpenAIModel(ChatModel):
             "include_usage": True,
             **(arguments.get("stream_options") or {}),
         }
-        chunks = await self.client.chat.completions.create(**arguments, stream=True)
         finish = FinishDelta()
-        async with chunks:
-            async for chunk in chunks:
-                for delta in _deltas_from_chunk(chunk, finish):
-                    yield delta
+        with provider_errors(self.provider, APIError, key_env=self._key_env):
+            chunks = await self.client.chat.completions.create(**arguments, stream=True)
+            async with chunks:
+                async for chunk in chunks:
+                    for delta in _deltas_from_chunk(chunk, finish):
+                        yield delta
         yield finish
 
     def _create_arguments(self, request: ModelRequest) -> dict[str, Any]:
@@ -122,6 +133,14 @@ class OpenAIModel(ChatModel):
             for key in _TOOL_ONLY_SETTINGS:
                 settings.pop(key, None)
         return {**arguments, **_split_settings(settings)}
+
+
+def _has_credentials(azure: bool, client_options: Mapping[str, Any]) -> bool:
+    """Whether the SDK client will find a key (or, on Azure, an Entra ID token) on its own."""
+    if azure:
+        return bool(os.environ.get("AZURE_OPENAI_API_KEY") or os.environ.get("AZURE_OPENAI_AD_TOKEN")
+                    or client_options.get("azure_ad_token") or client_options.get("azure_ad_token_provider"))
+    return bool(os.environ.get("OPENAI_API_KEY"))
 
 
 def _constructor_params(client_class: type) -> frozenset[str]:
