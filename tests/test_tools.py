@@ -22,7 +22,7 @@ from backchannel import (
 from backchannel.agent import initial_state
 from backchannel.context import RunContext
 from backchannel.models.base import ChatModel, FinishDelta, TextDelta, ToolCallDelta
-from backchannel.tools import ToolArgumentsError, parse_docstring
+from backchannel.tools import ToolArgumentsError, ToolDefinitionError, ToolDefinitionWarning, parse_docstring
 
 
 def call(name, args=None, id="call_1"):
@@ -211,13 +211,58 @@ def test_schema_defaults_optional_literal_and_list_types():
     assert props["verbose"] == {"type": "boolean", "default": False}
 
 
-def test_tool_without_docstring_uses_its_name_and_empty_parameters():
-    @tool
-    def ping():
-        return "pong"
+def test_a_tool_without_docstring_is_warned_about_and_uses_its_name():
+    with pytest.warns(ToolDefinitionWarning, match=r"tool 'ping' has no docstring.*add one.*or pass description=") as w:
+        @tool
+        def ping():
+            return "pong"
 
+    assert w[0].filename == __file__  # the warning points at the decorated function, not at backchannel
     assert ping.description == "ping"
     assert ping.parameters["properties"] == {}
+
+
+def test_an_untyped_argument_is_warned_about_with_the_fix():
+    with pytest.warns(ToolDefinitionWarning, match=r"parameter 'n' of tool 'double' has no type hint.*n: int"):
+        @tool
+        def double(n):
+            """Double a number."""
+            return n * 2
+
+
+def test_args_naming_a_missing_parameter_is_refused():
+    with pytest.raises(ToolDefinitionError, match=r"'qurey'.*no such parameter \(parameters: query, limit\)"):
+        @tool
+        def search(query: str, limit: int = 5) -> str:
+            """Search.
+
+            Args:
+                qurey: What to look for.
+                limit: How many.
+            """
+            return query
+
+
+def test_a_name_models_cannot_call_is_refused():
+    with pytest.raises(ToolDefinitionError, match=r"'<lambda>' is not a valid tool name.*name="):
+        tool(lambda x: x)
+    with pytest.raises(ToolDefinitionError, match="'two words'"):
+        tool(name="two words", description="d")(lambda: 1)
+    assert tool(name="ok-name_1", description="Works.")(lambda: 1).name == "ok-name_1"
+
+
+def test_a_well_defined_tool_gets_no_warning(recwarn):
+    @tool
+    def greet(name: str, runtime: ToolRuntime, *args, **kwargs) -> str:
+        """Greet someone.
+
+        Args:
+            name: Who to greet.
+        """
+        return name
+
+    Tool(lambda **kw: kw, name="raw", description="Raw.", args_schema={"type": "object", "properties": {}})
+    assert not [w for w in recwarn if issubclass(w.category, ToolDefinitionWarning)]
 
 
 def test_runtime_parameter_is_not_in_the_schema():
@@ -232,7 +277,7 @@ def test_runtime_parameter_is_not_in_the_schema():
 
 def test_json_schema_args_schema_is_used_as_is_and_checks_required():
     schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
-    t = Tool(lambda **kw: kw, name="raw", args_schema=schema)
+    t = Tool(lambda **kw: kw, name="raw", description="Raw.", args_schema=schema)
     assert t.parameters is schema
     assert t.validate({"q": "x"}) == {"q": "x"}
     with pytest.raises(ToolArgumentsError, match="missing required argument.*q"):

@@ -6,9 +6,16 @@ and the status a ``RemoteRuntime`` turns back into the same class::
     BackchannelError
     ├── MaxIterationsError        a run made more model calls than its agent allows
     ├── MiddlewareError           a middleware hook raised (names the middleware and the hook)
-    ├── ModelError                the model could not produce a reply
+    ├── ModelError                the model could not produce a reply (status, provider, retryable)
+    │   ├── ModelAuthenticationError   the provider refused the key (401, 403)
+    │   │   └── MissingAPIKeyError     no key: names the variable to set
+    │   ├── ModelRequestError          the provider refused the request (4xx)
+    │   ├── ModelRateLimitError        too many requests (429): retryable
+    │   ├── ModelServerError           the provider failed or is overloaded (5xx, 529): retryable
+    │   └── ModelConnectionError       the provider could not be reached: retryable
     ├── ToolError                 raised by a tool: the model gets the message as an error result
     ├── ToolArgumentsError        the model's arguments for a tool do not match its schema (also a ValueError)
+    ├── ToolDefinitionError       a tool models cannot call: a bad name, Args: naming no parameter (a ValueError)
     ├── NotFoundError             no such thread, run, assistant, checkpoint or item (404; also a LookupError)
     ├── ConflictError             the request conflicts with the current state, e.g. a busy thread (409)
     ├── InvalidRequestError       bad arguments, a bad resume value, an option not supported (422; a ValueError)
@@ -48,6 +55,7 @@ __all__ = [
     "SchemaVersionError",
     "StorageUnavailableError",
     "ToolArgumentsError",
+    "ToolDefinitionError",
     "ToolError",
 ]
 
@@ -134,6 +142,10 @@ class ToolError(BackchannelError):
 
 class ToolArgumentsError(BackchannelError, ValueError):
     """The model's arguments for a tool do not match its schema."""
+
+
+class ToolDefinitionError(BackchannelError, ValueError):
+    """A tool is defined in a way models cannot use (a bad name, a docstring describing missing parameters)."""
 
 
 class NotFoundError(BackchannelError, LookupError):

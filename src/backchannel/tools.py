@@ -12,20 +12,23 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import sys
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, overload
 
 from backchannel._threads import run_in_thread
-from backchannel.errors import ToolArgumentsError, ToolError
+from backchannel.errors import ToolArgumentsError, ToolDefinitionError, ToolError
 from backchannel.protocols import StoreAPI
 
 if TYPE_CHECKING:
     from backchannel.context import RunContext
 
-__all__ = ["Tool", "ToolArgumentsError", "ToolError", "ToolResult", "ToolRuntime", "tool"]
+__all__ = ["Tool", "ToolArgumentsError", "ToolDefinitionError", "ToolDefinitionWarning", "ToolError", "ToolResult",
+           "ToolRuntime", "tool"]
 
 
 @dataclass(slots=True)
@@ -57,6 +60,12 @@ class ToolResult:
     artifact: Any = None
 
 
+class ToolDefinitionWarning(UserWarning):
+    """A tool works, but models will use it poorly (no description, an argument without a type)."""
+
+
+# What OpenAI and Anthropic accept as a tool (function) name.
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SPHINX_PARAM = re.compile(r"^\s*:param\s+(?:[^:]*\s)?(\w+):\s*(.*)$")
 _GOOGLE_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?)\s*:\s*$")
 
@@ -118,6 +127,7 @@ class Tool:
         self.inline = inline
         self._description = description
         self._args_schema = args_schema
+        self._check_definition()
 
     def __repr__(self) -> str:
         return f"Tool(name={self.name!r})"
@@ -144,6 +154,30 @@ class Tool:
             else:
                 params.append(p)
         return params, hints, runtime_param
+
+    def _check_definition(self) -> None:
+        """Refuse what no model can call; warn about what models will call badly. Each message says the fix."""
+        if not _TOOL_NAME.match(self.name):
+            raise ToolDefinitionError(
+                f"{self.name!r} is not a valid tool name: models accept 1-64 letters, digits, '_' or '-'; "
+                "pass name='...' (e.g. @tool(name='lookup'))")
+        if self._description is None and not self._docs[0]:
+            _warn(f"tool {self.name!r} has no docstring, so the model only sees its name: add one saying what "
+                  "it does (and an Args: section for its parameters), or pass description='...'")
+        if self._args_schema is not None:
+            return
+        params = [p for p in inspect.signature(self.fn).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        names = [p.name for p in params]
+        unknown = [name for name in self._docs[1] if name not in names]
+        if unknown:
+            raise ToolDefinitionError(
+                f"the docstring of tool {self.name!r} describes {unknown[0]!r}, but the function has no such "
+                f"parameter (parameters: {', '.join(names) or 'none'}); fix the name in its Args: section")
+        for p in params:
+            if p.annotation is inspect.Parameter.empty:
+                _warn(f"parameter {p.name!r} of tool {self.name!r} has no type hint, so the model may pass any "
+                      f"JSON (often a string): annotate it, e.g. `{p.name}: int` or `{p.name}: str`")
 
     @property
     def runtime_param(self) -> str | None:
@@ -211,6 +245,14 @@ class Tool:
         if self.inline:
             return self.fn(**kwargs)
         return await run_in_thread(self.fn, kwargs)
+
+
+def _warn(message: str) -> None:
+    """A :class:`ToolDefinitionWarning` pointing at the code that defined the tool, not at this module."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    warnings.warn(message, ToolDefinitionWarning, stacklevel=level)
 
 
 def _drop_titles(schema: Any) -> None:
