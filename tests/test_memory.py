@@ -90,3 +90,53 @@ async def test_the_memory_is_in_the_system_prompt_of_every_model_call_and_edits_
     assert prompts[0] == "You are helpful."
     assert prompts[1] == "<agent_memory>\nThe user's name is Ada.\n</agent_memory>\n\nYou are helpful."
     assert "Grace" in prompts[2] and "Ada" not in prompts[2]
+
+
+def test_a_crlf_file_keeps_its_line_endings_and_the_block_uses_them_too(tmp_path):
+    memory = MemoryFile(tmp_path / "agent.md")
+    memory.path.write_bytes(b"# Notes\r\nAnswer briefly.\r\n")
+    memory.write_block("### Tea\n\n- one\n- two", handoff_id="h1")
+    raw = memory.path.read_bytes()
+    assert raw.startswith(b"# Notes\r\nAnswer briefly.\r\n")
+    assert b"\n" not in raw.replace(b"\r\n", b"")  # every line ends in CRLF, the new ones too
+    assert "- two" in memory.block()
+    assert memory.reset_block(handoff_id="h1")
+    assert memory.block() == BLOCK_PLACEHOLDER
+    assert memory.path.read_bytes().startswith(b"# Notes\r\nAnswer briefly.\r\n")
+    assert b"\n" not in memory.path.read_bytes().replace(b"\r\n", b"")
+
+
+def test_a_symlinked_memory_file_is_written_through_to_its_target(tmp_path):
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    target = dotfiles / "agent.md"
+    target.write_text("# Mine\n")
+    link = tmp_path / "agents" / "agent" / "agent.md"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target)
+    memory = MemoryFile(link)
+    memory.write_block("### Tea", handoff_id="h1")
+    assert link.is_symlink() and link.resolve() == target  # the link is still a link
+    assert "### Tea" in target.read_text() and target.read_text().startswith("# Mine\n")
+    target.write_text(target.read_text() + "An edit in the dotfiles.\n")
+    memory.reset_block(handoff_id="h1")
+    assert "An edit in the dotfiles." in link.read_text()
+    assert not [p for p in link.parent.iterdir() if p.name != "agent.md"]  # no temporary files left behind
+
+
+def test_the_file_keeps_its_mode_and_a_new_one_follows_the_umask(tmp_path):
+    memory = MemoryFile(tmp_path / "agent.md")
+    memory.path.write_text("# Notes\n")
+    memory.path.chmod(0o644)
+    memory.write_block("### Tea")
+    assert oct(memory.path.stat().st_mode & 0o777) == oct(0o644)
+    memory.path.chmod(0o640)
+    memory.reset_block()
+    assert oct(memory.path.stat().st_mode & 0o777) == oct(0o640)
+    old = os.umask(0o022)
+    try:
+        fresh = MemoryFile(tmp_path / "new" / "agent.md")
+        fresh.write_block("### New")
+    finally:
+        os.umask(old)
+    assert oct(fresh.path.stat().st_mode & 0o777) == oct(0o644)

@@ -10,13 +10,16 @@ writes a summary of the previous thread into its managed block::
     </current_thread_summary>
 
 Writes are atomic (a temporary file, then ``os.replace``), so a crash mid-write
-leaves the previous file whole.
+leaves the previous file whole. They keep what the person chose: the file's
+line endings (CRLF stays CRLF), its mode, and a symlink (the link's target is
+written, so a file kept in a dotfiles repository gets every change).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import stat
+import uuid
 from pathlib import Path
 
 from backchannel.messages import AIMessage
@@ -49,15 +52,28 @@ def agent_memory_path(agent: str, home: str | os.PathLike[str] | None = None) ->
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path``'s content with ``text`` all at once: readers see the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Replace ``path``'s content with ``text`` all at once: readers see the old file or the new, never half.
+
+    ``text`` is written as it is (no newline translation). A symlink's target is
+    replaced, not the link; an existing file keeps its mode, a new one gets the
+    umask's, as any editor would leave it.
+    """
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        mode: int | None = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        mode = None
+    temp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 minus the umask, like open()
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(temp, path)
+        os.replace(temp, target)
     except BaseException:
         try:
             os.unlink(temp)
@@ -121,15 +137,26 @@ class MemoryFile:
         return True
 
     def _replace_block(self, content: str) -> None:
-        text = self.read()
+        text = self._read_raw()
+        newline = "\r\n" if "\r\n" in text else "\n"  # new lines follow the file's own line endings
         parts = _split(text)
         if parts is None:  # no block yet: add the scaffold once, at the end
-            text = f"{text.rstrip()}\n\n{_SCAFFOLD}" if text.strip() else _SCAFFOLD
+            scaffold = _SCAFFOLD.replace("\n", newline)
+            text = f"{text.rstrip()}{newline * 2}{scaffold}" if text.strip() else scaffold
             parts = _split(text)
             assert parts is not None
         before, _, after = parts
-        write_atomic(self.path, f"{before}{BLOCK_START}\n{content}\n{BLOCK_END}{after}")
+        content = content.replace("\r\n", "\n").replace("\n", newline)
+        write_atomic(self.path, f"{before}{BLOCK_START}{newline}{content}{newline}{BLOCK_END}{after}")
         self._cache = None
+
+    def _read_raw(self) -> str:
+        """The file's text with its line endings as they are ("" when there is no file yet)."""
+        try:
+            with open(self.path, encoding="utf-8", newline="") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
 
 
 def _split(text: str) -> tuple[str, str, str] | None:
