@@ -387,8 +387,8 @@ async def test_a_crash_after_approval_repeats_the_steps_without_duplicates(tmp_p
             store = rt.store
             thread_id = parent
 
-        first = await handoff._accept(state["handoff"], None, Ctx())
-        second = await handoff._accept(state["handoff"], None, Ctx())
+        first = await handoff._accept(state["handoff"], None, state, Ctx())
+        second = await handoff._accept(state["handoff"], None, state, Ctx())
         assert first["child_thread_id"] == second["child_thread_id"]
         children = await rt.threads.search(metadata={"handoff_id": proposal.handoff_id})
         assert len(children) == 1
@@ -499,3 +499,170 @@ async def test_summaries_waiting_in_the_outbox_are_mirrored_after_a_restart(tmp_
         await wait_until(lambda: not handoff.mirror.pending, what="the outbox to drain")
         assert await rt.store.get_item(["agent", "thread_summaries"], key=result.handoff_id)
         assert not outbox.exists()
+
+
+# -- the bullets, an assistant without handoff, a cancelled proposal, results of tasks still running ------------
+
+
+class Answers:
+    """A summarizer that answers each handoff request with the next of ``summaries`` (the last one repeats)."""
+
+    def __init__(self, *summaries: str) -> None:
+        self.summaries = list(summaries)
+        self.asked: list[list[str]] = []  # the texts of each summary request's messages
+
+    def __call__(self, request):
+        if is_handoff_request(request):
+            self.asked.append([m.text for m in request.messages])
+            text = self.summaries[min(len(self.asked), len(self.summaries)) - 1]
+            return AIMessage(text, usage_metadata={"input_tokens": 100, "output_tokens": 20, "total_tokens": 120})
+        return "reply"
+
+
+def bullets(n: int) -> str:
+    return "Title: Points\n" + "".join(f"- Point number {i + 1}\n" for i in range(n)) + "TL;DR: Many points."
+
+
+async def test_a_summary_with_too_few_bullets_is_asked_for_again(tmp_path):
+    answers = Answers(bullets(1), bullets(4))
+    model = ScriptedModel([answers], loop=True)
+    agent = create_agent(model, middleware=[HandoffMiddleware(model, tmp_path / "agent.md")], name="agent")
+    async with LocalRuntime("memory", agents={"agent": agent}) as rt:
+        thread = await thread_with_history(rt, 2)
+        proposal = await propose_handoff(rt, thread, "agent")
+        assert len(answers.asked) == 2
+        correction = answers.asked[1][-1]
+        assert "1 bullet" in correction and "3 to 6" in correction
+        assert answers.asked[1][1] == bullets(1)  # the model sees its own first answer
+        assert proposal.summary_json["body"] == [f"Point number {i}" for i in (1, 2, 3, 4)]
+        assert proposal.omitted == []
+        result = await decide_handoff(rt, thread, "agent", {"type": "approve"})
+        assert result.tokens_used == 240  # both requests counted
+
+
+async def test_bullets_beyond_six_are_cut_and_the_proposal_says_which(tmp_path):
+    answers = Answers(bullets(8))
+    model = ScriptedModel([answers], loop=True)
+    agent = create_agent(model, middleware=[HandoffMiddleware(model, tmp_path / "agent.md")], name="agent")
+    async with LocalRuntime("memory", agents={"agent": agent}) as rt:
+        thread = await thread_with_history(rt, 2)
+        proposal = await propose_handoff(rt, thread, "agent")
+        assert len(answers.asked) == 2  # asked again once, then it keeps what it has
+        assert proposal.summary_json["body"] == [f"Point number {i}" for i in range(1, 7)]
+        assert proposal.omitted == ["Point number 7", "Point number 8"]
+        assert "Point number 7" not in proposal.summary_md
+
+
+async def test_an_assistant_without_handoff_is_refused_before_any_run(tmp_path):
+    plain_model = ScriptedModel(["hello"], loop=True)
+    plain = create_agent(plain_model, name="plain")
+    async with LocalRuntime("memory", agents={"plain": plain}) as rt:
+        thread = (await rt.threads.create())["thread_id"]
+        await rt.runs.wait(thread, "plain", input={"messages": [{"role": "user", "content": "hi"}]})
+        runs_before, calls_before = len(await rt.runs.list(thread)), plain_model.calls
+        with pytest.raises(HandoffError, match=r"assistant 'plain' has no HandoffMiddleware"):
+            await propose_handoff(rt, thread, "plain")
+        assert len(await rt.runs.list(thread)) == runs_before and plain_model.calls == calls_before
+
+
+class SlowSummaries(ScriptedModel):
+    """Takes 30 s over a handoff summary (something to cancel); answers other requests at once."""
+
+    async def generate(self, request):
+        if is_handoff_request(request):
+            self.summarising.set()
+            await asyncio.sleep(30)
+        return await super().generate(request)
+
+
+async def test_a_proposal_cancelled_while_summarising_leaves_the_thread_as_it_was(tmp_path):
+    model = SlowSummaries([lambda r: SUMMARY if is_handoff_request(r) else "reply"], loop=True)
+    model.summarising = asyncio.Event()
+    memory = MemoryFile(tmp_path / "agent.md")
+    agent = create_agent(model, middleware=[HandoffMiddleware(model, memory)], name="agent")
+    async with LocalRuntime(f"sqlite:///{tmp_path}/state.db", agents={"agent": agent}) as rt:
+        thread = await thread_with_history(rt, 2)
+        proposing = asyncio.create_task(propose_handoff(rt, thread, "agent"))
+        await asyncio.wait_for(model.summarising.wait(), 10)
+        proposing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await proposing
+        assert (await rt.threads.get(thread))["status"] == "idle"
+        assert await pending_handoff(rt, thread) is None
+        assert all(r["status"] not in ("pending", "running") for r in await rt.runs.list(thread))
+        values = await chat(rt, thread, "and now?")  # the next message gets a reply, not a handoff
+        assert values["messages"][-1]["content"] == "reply" and "__interrupt__" not in values
+        assert not memory.path.exists()
+
+
+def supervisor_policy(request):
+    if is_handoff_request(request):
+        return SUMMARY
+    last = request.messages[-1]
+    if isinstance(last, HumanMessage) and "task_notification" in last.additional_kwargs:
+        return "noted: " + last.text.split("Result: ", 1)[-1]
+    if isinstance(last, ToolMessage):
+        return "started it"
+    if "research" in last.text:
+        return {"tool_calls": [{"name": "start_async_task",
+                                "args": {"subagent_type": "researcher", "description": "Research tea"}}]}
+    return "reply"
+
+
+def deep_agent_with_handoff(tmp_path, latency: float):
+    from backchannel.deep_agent import create_deep_agent
+    from backchannel.subagents import SubAgent
+
+    supervisor = ScriptedModel([supervisor_policy], loop=True)
+    researcher = ScriptedModel(["Tea began in China."], loop=True, latency=latency)
+    return create_deep_agent(supervisor, subagents=[SubAgent("researcher", "Researches", model=researcher,
+                                                             background=True)],
+                             middleware=[HandoffMiddleware(supervisor, tmp_path / "agent.md")], name="agent")
+
+
+def texts(values) -> list[str]:
+    return [m["content"] for m in values["messages"]]
+
+
+async def test_a_result_arriving_after_a_handoff_follows_into_the_new_thread(tmp_path):
+    agent = deep_agent_with_handoff(tmp_path, latency=1.0)
+    async with LocalRuntime(f"sqlite:///{tmp_path}/state.db", agents={"agent": agent}) as rt:
+        parent = (await rt.threads.create(graph_id="agent"))["thread_id"]
+        await chat(rt, parent, "please research tea")
+        [task_id] = (await rt.threads.get_state(parent))["values"]["async_tasks"]
+        result = await propose_handoff(rt, parent, "agent", apply=True)
+        child = result.child_thread_id
+        carried = (await rt.threads.get_state(child))["values"]["async_tasks"]
+        assert carried[task_id]["status"] in ("pending", "running")  # the child knows of the task
+
+        async def child_has_the_answer():
+            return "noted: Tea began in China." in texts((await rt.threads.get_state(child))["values"])
+
+        await wait_until(child_has_the_answer, timeout=20)
+        child_messages = (await rt.threads.get_state(child))["values"]["messages"]
+        note = next(m for m in child_messages if "task_notification" in (m.get("additional_kwargs") or {}))
+        assert note["additional_kwargs"]["task_notification"]["task_id"] == task_id
+        assert note["additional_kwargs"]["handed_off_from"] == parent
+        await wait_until(lambda: _idle(rt, parent), timeout=10)
+        parent_values = (await rt.threads.get_state(parent))["values"]
+        assert not any(t.startswith("noted:") for t in texts(parent_values))  # the old thread did not answer it
+        assert (await rt.threads.get_state(child))["values"]["async_tasks"][task_id]["status"] == "success"
+
+
+async def test_a_result_stays_in_the_old_thread_once_the_person_went_on_there(tmp_path):
+    agent = deep_agent_with_handoff(tmp_path, latency=1.5)
+    async with LocalRuntime(f"sqlite:///{tmp_path}/state.db", agents={"agent": agent}) as rt:
+        parent = (await rt.threads.create(graph_id="agent"))["thread_id"]
+        await chat(rt, parent, "please research tea")
+        result = await propose_handoff(rt, parent, "agent", apply=True)
+        await chat(rt, parent, "one more thing here")
+
+        async def parent_has_the_answer():
+            return "noted: Tea began in China." in texts((await rt.threads.get_state(parent))["values"])
+
+        await wait_until(parent_has_the_answer, timeout=20)
+        assert not (await rt.threads.get_state(result.child_thread_id))["values"].get("messages")
+
+
+async def _idle(rt, thread_id) -> bool:
+    return (await rt.threads.get(thread_id))["status"] == "idle"

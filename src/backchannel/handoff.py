@@ -41,10 +41,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 from backchannel._clock import now_iso
-from backchannel.errors import HandoffError
+from backchannel.errors import HandoffError, NotFoundError
 from backchannel.hitl import check_resume, decision_args
 from backchannel.interrupts import interrupt
 from backchannel.memory import MemoryFile, write_atomic
@@ -61,6 +61,7 @@ __all__ = [
     "HandoffMiddleware",
     "HandoffProposal",
     "HandoffResult",
+    "HandoffState",
     "MirrorStats",
     "SummaryMirror",
     "apply_edits",
@@ -78,6 +79,7 @@ WINDOW = 120
 TOP_N = 25
 MAX_INPUT_TOKENS = 4000
 MAX_SUMMARY_TOKENS = 300
+MIN_BULLETS, MAX_BULLETS = 3, 6
 _TOOL_RESULT_CHARS = 1200
 
 HANDOFF_PROMPT = """<role>
@@ -201,10 +203,15 @@ class GeneratedSummary:
 
 
 async def generate_summary(model: Any, messages: Sequence[AnyMessage], *, max_tokens: int = MAX_SUMMARY_TOKENS,
-                           prompt: str = HANDOFF_PROMPT) -> GeneratedSummary:
-    """Have ``model`` summarise ``messages`` in about ``max_tokens`` tokens (the reply is cut if longer)."""
+                           prompt: str = HANDOFF_PROMPT, revise: tuple[str, str] | None = None) -> GeneratedSummary:
+    """Have ``model`` summarise ``messages`` in about ``max_tokens`` tokens (the reply is cut if longer).
+
+    ``revise`` is ``(an earlier summary, what to change)``: the model sees its
+    earlier answer and is asked to rewrite it.
+    """
     chat = init_model(model)
-    reply = await ask_for_summary(chat, prompt, messages, max_tokens=max_tokens)
+    follow_up = [AIMessage(revise[0]), HumanMessage(revise[1])] if revise else []
+    reply = await ask_for_summary(chat, prompt, messages, follow_up=follow_up, max_tokens=max_tokens)
     usage = reply.usage_metadata or {}
     tokens = usage.get("total_tokens") or usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
     return GeneratedSummary(_bounded(reply.text.strip(), max_tokens),
@@ -231,7 +238,8 @@ def structure_summary(text: str) -> dict[str, Any]:
 
     Reads the ``Title:`` / bullets / ``TL;DR:`` format the prompt asks for (and
     :func:`render_summary`'s Markdown); falls back on sentences for text in any
-    other shape.
+    other shape. Bullets beyond the sixth are left out of ``body`` and listed
+    under ``omitted``, so what was cut can be shown.
     """
     title = tldr = None
     body: list[str] = []
@@ -257,10 +265,24 @@ def structure_summary(text: str) -> dict[str, Any]:
     while 0 < len(body) < 3 and any(len(_sentences(b)) > 1 for b in body):
         i = next(i for i, b in enumerate(body) if len(_sentences(b)) > 1)
         body[i:i + 1] = _sentences(body[i])
-    body = [b for b in body if b][:6]
+    body = [b for b in body if b]
     if not tldr:
         tldr = body[0] if body else title
-    return {"title": title, "body": body, "tldr": tldr}
+    summary: dict[str, Any] = {"title": title, "body": body[:MAX_BULLETS], "tldr": tldr}
+    if len(body) > MAX_BULLETS:
+        summary["omitted"] = body[MAX_BULLETS:]
+    return summary
+
+
+def _bullet_count(summary: Mapping[str, Any]) -> int:
+    return len(summary["body"]) + len(summary.get("omitted", ()))
+
+
+def _bullets_request(count: int) -> str:
+    """What to tell a model whose summary has ``count`` bullets, outside the 3 to 6 the format needs."""
+    return (f"Your summary has {count} bullet{'s' * (count != 1)}; the format needs {MIN_BULLETS} to "
+            f"{MAX_BULLETS}. Rewrite it in the same format (Title:, {MIN_BULLETS} to {MAX_BULLETS} bullets, "
+            "TL;DR:), keeping what matters most for the next thread.")
 
 
 def render_summary(summary: Mapping[str, Any]) -> str:
@@ -276,8 +298,9 @@ def apply_edits(proposal: Mapping[str, Any], args: Mapping[str, Any] | None) -> 
     md = proposal["summary_md"]
     args = args or {}
     if args.get("summary_md"):
-        md = args["summary_md"].strip()
+        md = args["summary_md"].strip()  # kept as the person wrote it, every bullet
         summary = {**summary, **structure_summary(md)}
+        summary.pop("omitted", None)
     if args.get("title"):
         summary["title"] = args["title"].strip()
         if not args.get("summary_md"):
@@ -419,6 +442,20 @@ class SummaryMirror:
 # -- 3-5. the agent's part ------------------------------------------------------------------------
 
 
+def _latest(old: Any, new: Any) -> Any:
+    return new
+
+
+class HandoffState(TypedDict, total=False):
+    """The state keys of a handoff: the request being answered and the latest handoff's record.
+
+    Declared so that a runtime's ``assistants.get_schemas`` shows which assistants take a handoff request.
+    """
+
+    handoff_request: Annotated[dict[str, Any] | None, _latest]
+    handoff: Annotated[dict[str, Any] | None, _latest]
+
+
 class HandoffMiddleware(Middleware):
     """Propose, approve and apply handoffs in the agent's runs; clear the summary after the child's first turn.
 
@@ -429,7 +466,14 @@ class HandoffMiddleware(Middleware):
     ``mirror=False``; summaries the store could not take wait in ``outbox``
     (default: ``handoff_outbox.json`` beside the memory file).
     Register it first, so a handoff run skips the other middleware's hooks.
+
+    Background tasks still running at a handoff follow the person: they are
+    carried into the new thread's tasks, and when one reports back to the old
+    thread (and nobody has gone on talking there), the report is passed on to
+    the new thread, whose assistant answers it there.
     """
+
+    state_schema = HandoffState
 
     def __init__(self, model: Any, memory: MemoryFile | str | os.PathLike[str], *, store: Any = None,
                  mirror: bool | SummaryMirror = True, outbox: str | os.PathLike[str] | None = None,
@@ -462,13 +506,10 @@ class HandoffMiddleware(Middleware):
                                    max_tokens=self.max_input_tokens)
         if not selected:
             return {"handoff_request": None, "handoff": {**base, "status": "empty"}, "jump_to": "end"}
-        if self._summarizer is None:
-            self._summarizer = init_model(self.model)
-        generated = await generate_summary(self._summarizer, selected, max_tokens=self.max_summary_tokens,
-                                           prompt=self.prompt)
-        summary = structure_summary(generated.text)
+        generated, summary = await self._summarise(selected)
+        omitted = summary.pop("omitted", [])
         proposal = {**base, "status": "proposed", "handoff_id": str(uuid.uuid4()), "summary_json": summary,
-                    "summary_md": render_summary(summary), "model": generated.model,
+                    "summary_md": render_summary(summary), "omitted": omitted, "model": generated.model,
                     "tokens_used": generated.tokens_used, "model_run_id": generated.model_run_id,
                     "messages_summarized": len(selected), "created_at": now_iso()}
         logger.info("handoff %s proposed for thread %s: model=%s tokens_used=%d", proposal["handoff_id"],
@@ -476,11 +517,29 @@ class HandoffMiddleware(Middleware):
         ctx.emit_custom({"handoff": {k: proposal[k] for k in ("handoff_id", "status", "model", "tokens_used")}})
         return {"handoff_request": {**request, "run_id": ctx.run_id}, "handoff": proposal}
 
+    async def _summarise(self, selected: Sequence[AnyMessage]) -> tuple[GeneratedSummary, dict[str, Any]]:
+        """The summary of ``selected``; a model that gives fewer than 3 or more than 6 bullets is asked once more."""
+        if self._summarizer is None:
+            self._summarizer = init_model(self.model)
+        generated = await generate_summary(self._summarizer, selected, max_tokens=self.max_summary_tokens,
+                                           prompt=self.prompt)
+        summary = structure_summary(generated.text)
+        count = _bullet_count(summary)
+        if MIN_BULLETS <= count <= MAX_BULLETS:
+            return generated, summary
+        again = await generate_summary(self._summarizer, selected, max_tokens=self.max_summary_tokens,
+                                       prompt=self.prompt, revise=(generated.text, _bullets_request(count)))
+        logger.info("handoff summary had %d bullets; asked again, got %d", count,
+                    _bullet_count(structure_summary(again.text)))
+        again.tokens_used += generated.tokens_used
+        return again, structure_summary(again.text)
+
     async def before_model(self, state: Mapping[str, Any], ctx: Any) -> dict[str, Any] | None:
-        """A proposal waiting: pause for a person's decision (unless the request said apply), then act on it."""
+        """A proposal waiting: pause for a person's decision (unless the request said apply), then act on it.
+        After a handoff: pass task results that reach this thread on to the new one."""
         request, proposal = state.get("handoff_request"), state.get("handoff")
         if not request or not proposal or proposal.get("status") != "proposed":
-            return None
+            return await self._forward_results(state, ctx)
         if request.get("apply"):
             decision: Mapping[str, Any] = {"type": "approve"}
         else:
@@ -490,7 +549,7 @@ class HandoffMiddleware(Middleware):
             result = {**proposal, "status": "rejected", "reason": decision.get("message")}
             logger.info("handoff %s rejected", proposal["handoff_id"])
         else:
-            result = await self._accept(proposal, decision_args(decision), ctx)
+            result = await self._accept(proposal, decision_args(decision), state, ctx)
         ctx.emit_custom({"handoff": {"handoff_id": result["handoff_id"], "status": result["status"],
                                      "child_thread_id": result.get("child_thread_id")}})
         return {"handoff_request": None, "handoff": result, "jump_to": "end"}
@@ -514,10 +573,34 @@ class HandoffMiddleware(Middleware):
                              handoff_id, ctx.thread_id)
         return None
 
+    async def _forward_results(self, state: Mapping[str, Any], ctx: Any) -> dict[str, Any] | None:
+        """A task result that reached this thread after it was handed off goes on to the new thread.
+
+        Only while nobody talks here any more: once the person writes in this
+        thread again, its results stay here. Each result is passed on once.
+        """
+        handoff = state.get("handoff") or {}
+        child = handoff.get("child_thread_id")
+        if handoff.get("status") != "accepted" or not child or ctx.runtime is None:
+            return None
+        messages = state["messages"]
+        since = messages[handoff.get("message_count", len(messages)):]
+        if not any(_is_notification(m) for m in since) or any(
+                isinstance(m, HumanMessage) and not _is_notification(m) for m in since):
+            return None
+        done = list(handoff.get("forwarded") or ())
+        fresh = [m for m in since if _is_notification(m) and m.id not in done]
+        if fresh:
+            await ctx.runtime.runs.create(child, _assistant_id(ctx), multitask_strategy="enqueue", input={
+                "messages": [_passed_on(m, ctx.thread_id, child) for m in fresh]})
+            logger.info("handoff %s: %d task result(s) that reached thread %s passed on to %s",
+                        handoff.get("handoff_id"), len(fresh), ctx.thread_id, child)
+        return {"handoff": {**handoff, "forwarded": [*done, *(m.id for m in fresh)]}, "jump_to": "end"}
+
     async def _accept(self, proposal: Mapping[str, Any], args: Mapping[str, Any] | None,
-                      ctx: Any) -> dict[str, Any]:
-        """Write the block, create the child thread, mark the parent, mirror. Each step is idempotent, so a
-        run resumed after a crash repeats them safely."""
+                      state: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+        """Write the block, create the child thread (with the tasks still running), mark the parent, mirror.
+        Each step is idempotent, so a run resumed after a crash repeats them safely."""
         summary, md = apply_edits(proposal, args)
         handoff_id, parent = proposal["handoff_id"], proposal["parent_thread_id"]
         self.memory.write_block(md, handoff_id=handoff_id)
@@ -532,6 +615,10 @@ class HandoffMiddleware(Middleware):
                                 metadata={"parent_thread_id": parent, "handoff_pending": True,
                                           "handoff_source_thread_id": parent, "handoff_id": handoff_id,
                                           "title": summary["title"]})
+        carried = {task_id: task for task_id, task in (state.get("async_tasks") or {}).items()
+                   if task.get("status") in _UNFINISHED}
+        if carried:
+            await rt.threads.update_state(child_id, {"async_tasks": carried})
         await rt.threads.update(parent, metadata={"last_handoff": {
             "handoff_id": handoff_id, "child_thread_id": child_id, "model": proposal["model"],
             "tokens_used": proposal["tokens_used"], "model_run_id": proposal.get("model_run_id"),
@@ -543,17 +630,36 @@ class HandoffMiddleware(Middleware):
         logger.info("handoff %s accepted: thread %s continues in %s (model=%s tokens_used=%s mirrored=%s)",
                     handoff_id, parent, child_id, proposal["model"], proposal["tokens_used"], mirrored)
         return {**proposal, "status": "accepted", "summary_json": record, "summary_md": md,
-                "child_thread_id": child_id, "mirrored": mirrored}
+                "child_thread_id": child_id, "mirrored": mirrored, "carried_tasks": sorted(carried),
+                "message_count": len(state["messages"])}
+
+
+_UNFINISHED = ("pending", "running", "waiting")
+
+
+def _is_notification(message: AnyMessage) -> bool:
+    return isinstance(message, HumanMessage) and "task_notification" in message.additional_kwargs
+
+
+def _passed_on(message: AnyMessage, parent: str | None, child: str) -> dict[str, Any]:
+    """A task notification as the new thread receives it: the same text and marker, a note of where it came
+    from, and an id of its own (the same each time, so passing it on twice adds it once)."""
+    assert isinstance(message, HumanMessage)
+    return {"type": "human", "content": message.content, "id": str(uuid.uuid5(_CHILD_IDS, f"{message.id}:{child}")),
+            "additional_kwargs": {**message.additional_kwargs, "handed_off_from": parent}}
 
 
 def review_payload(proposal: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``handoff_summary`` interrupt: the seed's action request, plus a review config for HITL UIs."""
+    """The ``handoff_summary`` interrupt: the seed's action request, plus a review config for HITL UIs
+    (and ``omitted``, the bullets beyond six that were cut, when there are any)."""
+    args = {"handoff_id": proposal["handoff_id"], "summary_json": proposal["summary_json"],
+            "summary_md": proposal["summary_md"], "assistant_id": proposal["assistant_id"],
+            "parent_thread_id": proposal["parent_thread_id"]}
+    if proposal.get("omitted"):
+        args["omitted"] = proposal["omitted"]
     return {
-        "action_requests": [{
-            "name": HANDOFF_ACTION, "description": "Preview handoff summary for approval",
-            "args": {"handoff_id": proposal["handoff_id"], "summary_json": proposal["summary_json"],
-                     "summary_md": proposal["summary_md"], "assistant_id": proposal["assistant_id"],
-                     "parent_thread_id": proposal["parent_thread_id"]}}],
+        "action_requests": [{"name": HANDOFF_ACTION, "description": "Preview handoff summary for approval",
+                             "args": args}],
         "review_configs": [{"action_name": HANDOFF_ACTION, "allowed_decisions": ["approve", "edit", "reject"],
                             "args_schema": _EDIT_SCHEMA}],
     }
@@ -576,6 +682,7 @@ class HandoffProposal:
     assistant_id: str
     parent_thread_id: str
     payload: dict[str, Any] = field(repr=False, default_factory=dict)
+    omitted: list[str] = field(default_factory=list)  # bullets beyond six, left out of the summary
 
     @property
     def title(self) -> str:
@@ -604,12 +711,40 @@ async def propose_handoff(runtime: Any, thread_id: str, assistant_id: str, *,
 
     ``runtime`` is a :class:`~backchannel.runtime.LocalRuntime` or any client
     with its ``runs``/``threads`` surface; ``assistant_id`` must run a
-    :class:`HandoffMiddleware`.
+    :class:`HandoffMiddleware` (else :class:`HandoffError`, before anything
+    runs). Cancelling the call cancels the summary and leaves the thread as it
+    was: no run left working, no proposal left waiting.
     """
+    await _check_handoff_support(runtime, assistant_id)
     request_id = str(uuid.uuid4())
-    values = await runtime.runs.wait(thread_id, assistant_id,
-                                     input={"handoff_request": {"request_id": request_id, "apply": apply}})
+    run = await runtime.runs.create(thread_id, assistant_id, multitask_strategy="enqueue",
+                                    input={"handoff_request": {"request_id": request_id, "apply": apply}})
+    try:
+        values = await runtime.runs.join(thread_id, run["run_id"])
+    except asyncio.CancelledError:
+        await asyncio.shield(_withdraw(runtime, thread_id, assistant_id, run["run_id"]))
+        raise
     return _outcome(values, request_id, thread_id)
+
+
+async def _check_handoff_support(runtime: Any, assistant_id: str) -> None:
+    """Refuse an assistant whose state has no handoff keys: a handoff request would only run a model turn."""
+    schemas = await runtime.assistants.get_schemas(assistant_id)
+    properties = ((schemas or {}).get("state_schema") or {}).get("properties")
+    if isinstance(properties, Mapping) and "handoff_request" not in properties:
+        raise HandoffError(f"assistant {assistant_id!r} has no HandoffMiddleware, so it cannot hand off a thread; "
+                           "add HandoffMiddleware(model, memory_path) to its middleware")
+
+
+async def _withdraw(runtime: Any, thread_id: str, assistant_id: str, run_id: str) -> None:
+    """Undo a proposal nobody will see: roll its run back (its steps deleted: the request leaves no trace),
+    or reject what it proposed if it had finished."""
+    try:
+        await runtime.runs.cancel(thread_id, run_id, wait=True, action="rollback")
+    except NotFoundError:
+        pass  # it ended meanwhile
+    if await pending_handoff(runtime, thread_id) is not None:
+        await decide_handoff(runtime, thread_id, assistant_id, {"type": "reject", "message": "cancelled"})
 
 
 async def pending_handoff(runtime: Any, thread_id: str) -> HandoffProposal | None:
@@ -649,7 +784,8 @@ def _proposal(value: Any) -> HandoffProposal | None:
         if action.get("name") == HANDOFF_ACTION:
             args = action["args"]
             return HandoffProposal(args["handoff_id"], dict(args["summary_json"]), args["summary_md"],
-                                   args["assistant_id"], args["parent_thread_id"], dict(value))
+                                   args["assistant_id"], args["parent_thread_id"], dict(value),
+                                   list(args.get("omitted") or ()))
     return None
 
 

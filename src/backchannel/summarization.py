@@ -119,10 +119,12 @@ def render_transcript(messages: Sequence[AnyMessage], *, max_chars_per_message: 
     return "\n\n".join(lines)
 
 
-async def ask_for_summary(model: Any, prompt: str, messages: Sequence[AnyMessage], **settings: Any) -> AIMessage:
-    """The reply of ``model`` (initialised) to ``prompt``, with the transcript of ``messages`` for ``{messages}``."""
-    request = ModelRequest(model, [HumanMessage(prompt.replace("{messages}", render_transcript(messages)))],
-                           settings=settings)
+async def ask_for_summary(model: Any, prompt: str, messages: Sequence[AnyMessage], *,
+                          follow_up: Sequence[AnyMessage] = (), **settings: Any) -> AIMessage:
+    """The reply of ``model`` (initialised) to ``prompt``, with the transcript of ``messages`` for ``{messages}``
+    (and ``follow_up`` after it: an earlier answer and what to change in it)."""
+    request = ModelRequest(model, [HumanMessage(prompt.replace("{messages}", render_transcript(messages))),
+                                   *follow_up], settings=settings)
     return await model.generate(request)
 
 
