@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
+import warnings
 from pathlib import Path
 
-from backchannel import ScriptedModel, tool
+from backchannel import ScriptedModel, create_agent, tool
+from backchannel.errors import ModelServerError
 from backchannel.messages import HumanMessage, ToolMessage
 
 SUMMARY = ("Title: Tea research\n"
@@ -16,10 +19,14 @@ SUMMARY = ("Title: Tea research\n"
            "TL;DR: Tea began in China.")
 
 
+MANY_POINTS = ("Title: Many points\n" + "".join(f"- Point number {i}.\n" for i in range(1, 9))
+               + "TL;DR: Eight points.")
+
+
 def _supervisor(request):
     first = request.messages[0].text if request.messages else ""
     if "Handoff Summary Assistant" in first:
-        return SUMMARY
+        return MANY_POINTS if "many points" in first else SUMMARY
     if "Context Extraction Assistant" in first:
         return "The user and the assistant chatted about tea."
     last = request.messages[-1]
@@ -31,9 +38,15 @@ def _supervisor(request):
         return "The researcher reports: " + last.text.split("Result: ", 1)[-1]
     text = last.text.lower()
     if "research" in text:
-        description = "Research the history of tea" + (", slowly" if "leisurely" in text else "")
+        description = ("Research the history of tea" + (", slowly" if "leisurely" in text else "")
+                       + (", at length" if "at length" in text else ""))
         return {"tool_calls": [{"name": "start_async_task",
                                 "args": {"subagent_type": "researcher", "description": description}}]}
+    if "make some noise" in text:
+        return {"tool_calls": [{"name": "start_async_task",
+                                "args": {"subagent_type": "noisy", "description": "Make some noise"}}]}
+    if "break" in text:
+        raise ModelServerError("scripted 503: the provider is down", provider="scripted", status=503)
     if "where were we" in text:
         found = re.search(r"### (.+)", request.system_prompt or "")
         return f"From my notes: {found.group(1)}." if found else "I have no notes about earlier threads."
@@ -43,11 +56,18 @@ def _supervisor(request):
 
 
 class SlowWhenAsked(ScriptedModel):
-    """Takes its time (30 s) when the last message says "slow": something to cancel."""
+    """Takes its time (30 s) when the last message says "slow", or when a handoff summary is asked of a thread
+    that says "take your time": something to cancel. A task "at length" takes 6 s."""
 
     async def _pause(self, request):
-        if request.messages and "slow" in request.messages[-1].text.lower():
+        if not request.messages:
+            return
+        if "slow" in request.messages[-1].text.lower() or (
+                "Handoff Summary Assistant" in request.messages[0].text
+                and "take your time" in request.messages[0].text):
             await asyncio.sleep(30)
+        elif ", at length" in request.messages[-1].text:
+            await asyncio.sleep(6)
 
     async def generate(self, request):
         await self._pause(request)
@@ -74,6 +94,23 @@ def delete_file(path: str) -> str:
 supervisor = SlowWhenAsked([_supervisor], loop=True, name="scripted")
 researcher = SlowWhenAsked(["Tea was first drunk in China, about 2700 BC."], loop=True, latency=2.0,
                            name="scripted")
+
+
+@tool
+async def noisy_tool() -> str:
+    """Log a warning and warn, after a moment (while the person is typing)."""
+    logging.getLogger("backchannel.chat_script").info("the noisy tool starts")
+    await asyncio.sleep(1.0)
+    logging.getLogger("backchannel.chat_script").warning("a log line from the noisy tool")
+    warnings.warn("a Python warning from the noisy tool", UserWarning, stacklevel=1)
+    return "noise made"
+
+
+noisy = ScriptedModel([{"tool_calls": [{"name": "noisy_tool", "args": {}}]}, "Made some noise."], loop=True,
+                      name="scripted")
+broken = ScriptedModel([ModelServerError("scripted 503: the provider is down", provider="scripted", status=503)],
+                       loop=True, name="scripted")
+plain = create_agent(ScriptedModel([lambda r: f"You said: {r.messages[-1].text}"], loop=True), name="plain")
 
 
 def _served_agent():

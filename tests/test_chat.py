@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -241,9 +243,9 @@ def test_piped_input_works_without_a_terminal(home):
     assert "You said: hello there" in result.stdout and "bye · thread" in result.stdout
 
 
-@pytest.fixture
-def server(home):
-    """``backchannel serve`` for the chat's agent, on a free loopback port, with its own home."""
+@contextlib.contextmanager
+def serving(home: Path, *agents: str):
+    """``backchannel serve --agents ...`` on a free loopback port, with its own home; yields its URL."""
     import socket
 
     import httpx
@@ -252,21 +254,30 @@ def server(home):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen([str(BACKCHANNEL), "serve", "--port", str(port), "--database",
-                                f"sqlite:///{home}/server.db", "--agents", "chat_script:agent"],
+                                f"sqlite:///{home}/server.db", "--agents", *agents],
                                env=chat_env(home), cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, "backchannel serve did not start"
-        time.sleep(0.05)
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+    try:
+        while True:
+            try:
+                if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, "backchannel serve did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def server(home):
+    """``backchannel serve`` for the chat's agent."""
+    with serving(home, "chat_script:agent") as url:
+        yield url
 
 
 def test_the_chat_works_the_same_with_an_assistant_on_a_server(server, home):
@@ -293,3 +304,127 @@ def test_the_chat_works_the_same_with_an_assistant_on_a_server(server, home):
         assert t.wait_exit() == 0
     finally:
         t.close()
+
+
+# -- the first hour (issue 19) ---------------------------------------------------------------------------
+
+
+def test_a_failing_slash_command_or_turn_keeps_the_chat_open(chat):
+    t = chat()
+    t.type("/model openai:gpt-4o-mini")  # no OPENAI_API_KEY in this environment
+    t.expect(r"OPENAI_API_KEY is not set")
+    t.type("please break")
+    t.expect(r"the run failed: ModelServerError: scripted 503: the provider is down")
+    t.type("hello there")
+    t.expect(r"agent › You said: hello there")  # still the chat, on the model it had
+    t.type("/model")
+    t.expect(r"model: chat_script:supervisor")
+    t.type("/quit")
+    assert t.wait_exit() == 0
+
+
+def test_ctrl_c_while_a_handoff_is_summarised_cancels_it_and_keeps_the_chat(chat, home):
+    t = chat()
+    t.type("take your time with the summary")
+    t.expect(r"agent › You said: take your time")
+    t.type("/handoff")
+    t.expect(r"summarising this thread for a handoff")
+    t.settle(0.5)
+    t.send("\x03")
+    t.expect(r"handoff cancelled: nothing changed")
+    t.type("hello again")
+    t.expect(r"agent › You said: hello again")  # a reply, not a handoff summary
+    t.type("/quit")
+    assert t.wait_exit() == 0
+    [thread] = asyncio.run(stored_threads(home))
+    assert thread["status"] == "idle" and not thread["interrupts"]
+    assert not memory_file(home).exists()
+
+
+def test_a_handoff_while_a_task_runs_warns_and_the_result_follows_into_the_new_thread(chat):
+    t = chat()
+    t.type("please research tea at length")
+    t.expect(r"I started a researcher on it in the background")
+    t.type("/handoff")
+    t.expect(r"1 background task is still running \(researcher [0-9a-f]{8}\): its result will follow you into "
+             r"the new thread")
+    t.expect(r"accept, edit or reject\?")
+    t.type("a")
+    child = t.expect(r"continuing in a new thread ([0-9a-f]{8})").group(1)
+    t.screen_shows(r"researcher\s+running")  # the task is on the new thread's panel
+    t.expect(r"📬 researcher finished: Tea was first drunk in China", timeout=30)
+    t.expect(r"agent › The researcher reports: Tea was first drunk in China")
+    t.screen_shows(rf"thread {child} · /help")  # still in the new thread
+    t.type("/quit")
+    assert t.wait_exit() == 0
+
+
+def test_short_thread_ids_work_for_chat_thread(chat):
+    first = chat()
+    first.type("hello there")
+    first.expect(r"You said: hello there")
+    first.type("/quit")
+    assert first.wait_exit() == 0
+    again = chat("chat", "--thread", first.thread)  # the 8 characters the chat shows
+    assert "you › hello there" in again.transcript and "agent › You said: hello there" in again.transcript
+    again.screen_shows(rf"thread {first.thread} · /help")
+
+
+def test_the_preview_says_what_was_cut_beyond_six_bullets(chat):
+    t = chat()
+    t.type("many points to remember")
+    t.expect(r"You said: many points")
+    t.type("/handoff --preview")
+    t.expect(r"Point number 6\.")
+    t.expect(r"left out \(beyond 6 bullets\): Point number 7\.; Point number 8\.")
+    t.expect(r"preview only: nothing changed")
+
+
+NOISY = """\
+model = "chat_script:supervisor"
+
+[[subagents]]
+name = "noisy"
+description = "Makes noise"
+model = "chat_script:noisy"
+tools = ["chat_script:noisy_tool"]
+background = true
+"""
+
+
+def test_warnings_print_above_the_prompt_and_verbose_shows_the_librarys_log_lines(chat, home):
+    write_config(home, NOISY)
+    t = chat("--verbose")
+    t.type("make some noise")
+    t.expect(r"I started a researcher on it in the background")
+    t.type("/handoff")  # the noise arrives while the chat asks a question
+    t.expect(r"handoff [0-9a-f-]{36} proposed for thread [0-9a-f-]{36}: model=scripted tokens_used=\d+")
+    t.expect(r"accept, edit or reject\? \[a/e/r\]")
+    t.expect(r"a Python warning from the noisy tool")
+    t.expect(r"📬 noisy finished: Made some noise\.")
+    t.settle(1.0)
+    screen = t.display()
+    asked = [line for line in screen.splitlines() if "accept, edit or reject?" in line]
+    assert asked == ["accept, edit or reject? [a/e/r]"], screen  # printed above the question, not into it
+    assert re.search(r"(?m)^WARNING py\.warnings .*: UserWarning: a Python warning from the noisy tool$", screen)
+    assert re.search(r"(?m)^WARNING backchannel\.chat_script  a log line from the noisy tool$", screen)
+    t.type("r")
+    t.expect(r"handoff rejected: nothing changed")
+
+
+def test_handoff_on_an_assistant_without_handoff_says_so_and_runs_nothing(home):
+    write_config(home, 'agent = "plain"\n')
+    with serving(home, "plain=chat_script:plain") as url:
+        t = Terminal(["chat", "--url", url], home)
+        try:
+            t.screen_shows(r"(?m)^›")
+            t.type("hello there")
+            t.expect(r"plain › You said: hello there")
+            t.type("/handoff")
+            t.expect(r"assistant 'plain' has no HandoffMiddleware")
+            t.settle(1.0)
+            assert t.transcript.count("You said:") == 1  # no model turn
+            t.type("/quit")
+            assert t.wait_exit() == 0
+        finally:
+            t.close()

@@ -62,10 +62,13 @@ def test_the_command_reports_a_bad_file_and_exits_2(tmp_path):
     assert "config.toml: subagents[0].timeout: Input should be greater than 0 (got -1)" in result.stderr
 
 
-def test_without_any_model_the_chat_says_how_to_configure_one(tmp_path):
-    result = subprocess.run([str(BACKCHANNEL), "chat"], env=chat_env(tmp_path), capture_output=True, text=True,
-                            timeout=60, input="")
-    assert result.returncode == 2 and "error: no model configured" in result.stderr
+def test_without_any_model_the_chat_runs_offline_and_says_how_to_configure_one(tmp_path):
+    result = subprocess.run([str(BACKCHANNEL), "chat"], env={**chat_env(tmp_path), "COLUMNS": "200"},
+                            capture_output=True, text=True, timeout=60, input="hi\n")
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "model offline scripted model (no model configured: pass --model, or set model in" in out
+    assert "agent › Hello! I am the offline scripted model" in out
 
 
 def test_models_are_provider_names_or_objects_to_import(monkeypatch):

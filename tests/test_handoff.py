@@ -666,3 +666,34 @@ async def test_a_result_stays_in_the_old_thread_once_the_person_went_on_there(tm
 
 async def _idle(rt, thread_id) -> bool:
     return (await rt.threads.get(thread_id))["status"] == "idle"
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+async def test_a_result_arriving_while_the_person_decides_keeps_the_proposal_waiting(tmp_path, decision):
+    agent = deep_agent_with_handoff(tmp_path, latency=0.5)
+    async with LocalRuntime(f"sqlite:///{tmp_path}/state.db", agents={"agent": agent}) as rt:
+        parent = (await rt.threads.create(graph_id="agent"))["thread_id"]
+        await chat(rt, parent, "please research tea")
+        proposal = await propose_handoff(rt, parent, "agent")
+
+        async def result_arrived():
+            thread = await rt.threads.get(parent)
+            messages = ((await rt.threads.get_state(parent))["values"]).get("messages") or []
+            return thread["status"] != "busy" and any("task_notification" in (m.get("additional_kwargs") or {})
+                                                      for m in messages)
+
+        await wait_until(result_arrived, timeout=20)
+        waiting = await pending_handoff(rt, parent)
+        assert waiting is not None and waiting.handoff_id == proposal.handoff_id  # still waiting
+        assert not any(t.startswith("noted:") for t in texts((await rt.threads.get_state(parent))["values"]))
+        result = await decide_handoff(rt, parent, "agent", {"type": decision})
+        parent_texts = texts((await rt.threads.get_state(parent))["values"])
+        if decision == "reject":
+            assert result.status == "rejected" and "noted: Tea began in China." in parent_texts  # answered here
+        else:
+            async def child_has_the_answer():
+                return "noted: Tea began in China." in texts((await rt.threads.get_state(result.child_thread_id))
+                                                             ["values"])
+
+            await wait_until(child_has_the_answer, timeout=20)
+            assert not any(t.startswith("noted:") for t in parent_texts)

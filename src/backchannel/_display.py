@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import os
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,7 +24,8 @@ from rich.text import Text
 
 from backchannel.messages import text_of
 
-__all__ = ["STREAM_MODES", "StreamView", "TaskBoard", "message_renderables", "print_once", "show_stream", "to_ansi"]
+__all__ = ["STREAM_MODES", "StreamView", "TaskBoard", "message_renderables", "print_once", "show_logs", "show_stream",
+           "to_ansi"]
 
 # What the chat asks a run's stream for (subgraphs on, so background subagents show as they work).
 STREAM_MODES = ["messages-tuple", "updates", "async_tasks", "lifecycle"]
@@ -315,3 +318,43 @@ def to_ansi(renderable: RenderableType, width: int) -> str:
     console = Console(file=io.StringIO(), force_terminal=True, color_system="standard", width=width)
     console.print(renderable, end="")
     return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+# -- log lines ------------------------------------------------------------------------------------
+
+
+class _ConsoleHandler(logging.Handler):
+    """Log records printed through a rich console: above its live display, or above the chat's prompt (whose
+    stdout prompt_toolkit patches), never into the middle of either as a write to stderr would."""
+
+    _STYLES = {"DEBUG": "dim", "INFO": "dim", "WARNING": "yellow", "ERROR": "red", "CRITICAL": "bold red"}
+
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+        self.setFormatter(logging.Formatter("%(levelname)-7s %(name)s  %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.print(Text(self.format(record), style=self._STYLES.get(record.levelname, "")),
+                               soft_wrap=True)
+        except Exception:
+            self.handleError(record)
+
+
+def show_logs(console: Console, *, verbose: bool = False) -> None:
+    """Print backchannel's log lines and Python warnings through ``console``.
+
+    Warnings always show; ``verbose`` adds the INFO lines (handoff ids, tokens
+    used, retries), and ``BACKCHANNEL_LOG`` sets the level (``debug``, ``info``, ``warning``, ``error``).
+    """
+    named = os.environ.get("BACKCHANNEL_LOG", "").strip().upper()
+    level = named if named in logging.getLevelNamesMapping() else "INFO" if verbose else "WARNING"
+    handler = _ConsoleHandler(console)
+    logging.captureWarnings(True)
+    for name, at in (("backchannel", level), ("py.warnings", "WARNING")):
+        logger = logging.getLogger(name)
+        logger.handlers = [h for h in logger.handlers if not isinstance(h, _ConsoleHandler)]
+        logger.addHandler(handler)
+        logger.setLevel(at)
+        logger.propagate = False  # not also to the root logger's stderr

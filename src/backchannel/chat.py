@@ -20,7 +20,7 @@ import difflib
 import json
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,11 @@ from backchannel._display import (
     show_stream,
     to_ansi,
 )
-from backchannel.errors import BackchannelError, NotFoundError
+from backchannel.errors import BackchannelError, InvalidRequestError, NotFoundError
 from backchannel.hitl import is_review_request
 from backchannel.messages import new_id
 
-__all__ = ["COMMANDS", "Chat", "run_chat"]
+__all__ = ["COMMANDS", "Chat", "find_thread", "run_chat"]
 
 COMMANDS: dict[str, str] = {
     "/help": "this list",
@@ -61,17 +61,20 @@ COMMANDS: dict[str, str] = {
 _ALIASES = {"/exit": "/quit", "/q": "/quit", "/?": "/help"}
 _HISTORY_SHOWN = 6
 _POLL_SECONDS = 0.5
+_SEARCH_PAGE = 500
 
 
 class Chat:
     """One interactive session on one runtime and assistant; ``thread_id`` is the thread being talked in."""
 
     def __init__(self, runtime: Any, assistant_id: str, *, console: Console, model: str, store: str = "",
-                 thread_id: str | None = None, history_file: Path | None = None, local: bool = True) -> None:
+                 thread_id: str | None = None, history_file: Path | None = None, local: bool = True,
+                 model_label: str | None = None) -> None:
         self.rt = runtime
         self.assistant = assistant_id
         self.console = console
         self.model = model
+        self.model_label = model_label or model  # what the banner says (the offline model says so)
         self.store = store
         self.local = local
         self.thread_id = thread_id or ""
@@ -86,6 +89,7 @@ class Chat:
         self._last_run: tuple[str, str] | None = None  # (run id, status) of the thread's newest run, as last seen
         self._prompt: Any = None
         self._questions: Any = None
+        self._ctrl_c: list[Callable[[], object]] = []  # who Ctrl-C goes to, innermost last
 
     # -- the session -------------------------------------------------------------------------
 
@@ -97,6 +101,7 @@ class Chat:
         else:
             await self._new_thread()
         self._banner()
+        await self._offer_waiting_handoff()
         watcher = asyncio.create_task(self._watch())
         try:
             while not self._exit:
@@ -105,8 +110,8 @@ class Chat:
                     break
                 try:
                     await self._handle(line)
-                except (BackchannelError, ValueError) as exc:
-                    self.console.print(f"[red]{escape(str(exc))}[/]")
+                except Exception as exc:  # whatever a command or a turn raises, the chat stays open
+                    self.console.print(f"[red]{escape(_one_line(exc))}[/]", soft_wrap=True)
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
@@ -171,10 +176,13 @@ class Chat:
             self.console.print(message, end="")
             line = await asyncio.to_thread(sys.stdin.readline)
             return None if line == "" else line.rstrip("\n")
-        try:
-            return await self._questions.prompt_async(message, default=default, multiline=multiline)
-        except (KeyboardInterrupt, EOFError):
-            return None
+        from prompt_toolkit.patch_stdout import patch_stdout
+
+        with patch_stdout(raw=True):  # what arrives meanwhile (results, warnings) prints above the question
+            try:
+                return await self._questions.prompt_async(message, default=default, multiline=multiline)
+            except (KeyboardInterrupt, EOFError):
+                return None
 
     async def _choose(self, question: str, choices: Mapping[str, str]) -> str | None:
         """One of ``choices`` (by its first letter or in full), asked until the answer is one of them."""
@@ -191,7 +199,7 @@ class Chat:
     def _banner(self) -> None:
         where = f"state: {self.store}" if self.local else f"server: {self.store}"
         self.console.print(Panel(
-            f"[bold]backchannel[/] · assistant [bold]{escape(self.assistant)}[/] · model {escape(self.model)}\n"
+            f"[bold]backchannel[/] · assistant [bold]{escape(self.assistant)}[/] · model {escape(self.model_label)}\n"
             f"[dim]{escape(where)} · thread {self.thread_id[:8]} · /help for commands · Ctrl-C cancels a reply, "
             "Ctrl-D leaves[/]", border_style="blue", expand=False))
 
@@ -266,14 +274,38 @@ class Chat:
         except NotFoundError:
             pass  # it ended meanwhile
 
-    def _on_ctrl_c(self, handler: Any) -> Any:
-        """Send Ctrl-C to ``handler`` while a run streams; returns what puts the usual behaviour back."""
+    def _on_ctrl_c(self, handler: Callable[[], object]) -> Callable[[], None]:
+        """Send Ctrl-C to ``handler`` (while a run streams, a command works); returns what puts the previous
+        receiver back. Receivers nest: the innermost one gets it."""
         loop = asyncio.get_running_loop()
+        if not self._ctrl_c:
+            try:
+                loop.add_signal_handler(signal.SIGINT, lambda: self._ctrl_c[-1]())
+            except (NotImplementedError, RuntimeError):  # no signals here (another thread, or Windows)
+                return lambda: None
+        self._ctrl_c.append(handler)
+
+        def restore() -> None:
+            self._ctrl_c.remove(handler)
+            if not self._ctrl_c:
+                loop.remove_signal_handler(signal.SIGINT)
+
+        return restore
+
+    async def _until_ctrl_c(self, work: Awaitable[Any]) -> tuple[bool, Any]:
+        """``(True, result)`` of ``work``, or ``(False, None)`` if the person pressed Ctrl-C (``work`` is
+        cancelled, and cleans up after itself)."""
+        task = asyncio.ensure_future(work)
+        restore = self._on_ctrl_c(task.cancel)
         try:
-            loop.add_signal_handler(signal.SIGINT, handler)
-        except (NotImplementedError, RuntimeError):  # no signals here (another thread, or Windows)
-            return lambda: None
-        return lambda: loop.remove_signal_handler(signal.SIGINT)
+            return True, await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and not (current is not None and current.cancelling()):
+                return False, None
+            raise
+        finally:
+            restore()
 
     # -- decisions for paused runs ---------------------------------------------------------------
 
@@ -433,7 +465,9 @@ class Chat:
             hint = f"did you mean {close[0]}? " if close else ""
             self.console.print(f"[yellow]unknown command {escape(name)}: {hint}/help lists the commands[/]")
             return
-        await handler(arg)
+        finished, _ = await self._until_ctrl_c(handler(arg))
+        if not finished:
+            self.console.print("[yellow]cancelled[/]")
 
     async def _cmd_help(self, arg: str) -> None:
         table = Table(box=None, show_header=False, padding=(0, 2))
@@ -466,14 +500,15 @@ class Chat:
         if not arg:
             self.console.print("[yellow]/resume needs a thread id (see /threads)[/]")
             return
-        matches = [t["thread_id"] for t in await self._threads() if t["thread_id"].startswith(arg)]
-        if len(matches) != 1:
-            problem = "no thread" if not matches else f"{len(matches)} threads"
-            self.console.print(f"[yellow]{problem} of {escape(self.assistant)} starts with {escape(arg)!r}; "
+        try:
+            thread_id = await find_thread(self.rt, arg, metadata={"graph_id": self.assistant})
+        except NotFoundError:
+            self.console.print(f"[yellow]no thread of {escape(self.assistant)} starts with {escape(arg)!r}; "
                                "see /threads[/]")
             return
-        await self._open(matches[0])
-        self.console.print(f"[dim]now in thread {matches[0][:8]}[/]")
+        await self._open(thread_id)
+        self.console.print(f"[dim]now in thread {thread_id[:8]}[/]")
+        await self._offer_waiting_handoff()
 
     async def _cmd_tasks(self, arg: str) -> None:
         await self.board.refresh(self.rt)
@@ -527,28 +562,60 @@ class Chat:
                            "tokens[/]")
 
     async def _cmd_handoff(self, arg: str) -> None:
-        from backchannel.handoff import HandoffResult, decide_handoff, propose_handoff
+        from backchannel.handoff import HandoffResult, propose_handoff
 
         if arg not in ("", "--preview", "--apply"):
             self.console.print("[yellow]usage: /handoff [--preview | --apply][/]")
             return
-        with self.console.status("summarising this thread for a handoff…"):
-            outcome = await propose_handoff(self.rt, self.thread_id, self.assistant, apply=arg == "--apply")
-        if isinstance(outcome, HandoffResult):
+        if arg != "--preview":
+            self._warn_running_tasks()
+        with self.console.status("summarising this thread for a handoff… (Ctrl-C cancels)"):
+            finished, outcome = await self._until_ctrl_c(
+                propose_handoff(self.rt, self.thread_id, self.assistant, apply=arg == "--apply"))
+        if not finished:
+            self.console.print("[yellow]handoff cancelled: nothing changed[/]")
+        elif isinstance(outcome, HandoffResult):
             await self._handed_off(outcome)
-            return
-        self.console.print(Panel(Markdown(outcome.summary_md), title=f"handoff summary · {outcome.handoff_id[:8]}",
+        else:
+            await self._decide_handoff(outcome, preview=arg == "--preview")
+
+    def _warn_running_tasks(self) -> None:
+        running = [r for r in self.board.active() if r.task_id]
+        if running:
+            which = ", ".join(f"{r.subagent} {r.task_id[:8]}" for r in running if r.task_id)
+            one = len(running) == 1
+            self.console.print(f"[yellow]{len(running)} background task{'' if one else 's'} "
+                               f"{'is' if one else 'are'} still running ({escape(which)}): "
+                               f"{'its result' if one else 'their results'} will follow you into the new thread[/]")
+
+    async def _decide_handoff(self, proposal: Any, *, preview: bool = False) -> None:
+        """Show a proposed summary and ask what to do with it (with ``preview``, only show it)."""
+        from backchannel.handoff import decide_handoff
+
+        self.console.print(Panel(Markdown(proposal.summary_md), title=f"handoff summary · {proposal.handoff_id[:8]}",
                                  title_align="left", border_style="green"))
-        if arg == "--preview":
+        if proposal.omitted:
+            self.console.print(f"[dim]left out (beyond 6 bullets): {escape('; '.join(proposal.omitted))}[/]",
+                               soft_wrap=True)
+        if preview:
             await decide_handoff(self.rt, self.thread_id, self.assistant, {"type": "reject", "message": "preview"})
             self.console.print("[dim]preview only: nothing changed (/handoff to hand off)[/]")
             return
-        decision = await self._handoff_decision(outcome.summary_md)
+        decision = await self._handoff_decision(proposal.summary_md)
         result = await decide_handoff(self.rt, self.thread_id, self.assistant, decision)
         if result.status == "accepted":
             await self._handed_off(result)
         else:
             self.console.print("[dim]handoff rejected: nothing changed[/]")
+
+    async def _offer_waiting_handoff(self) -> None:
+        """A handoff proposed on this thread and never answered (the chat was closed meanwhile): ask now."""
+        from backchannel.handoff import pending_handoff
+
+        proposal = await pending_handoff(self.rt, self.thread_id)
+        if proposal is not None:
+            self.console.print("[magenta]a handoff summary proposed earlier waits for your decision:[/]")
+            await self._decide_handoff(proposal)
 
     async def _handoff_decision(self, summary_md: str) -> dict[str, Any]:
         choice = await self._choose("accept, edit or reject? [a/e/r] ", {"a": "accept", "e": "edit", "r": "reject"})
@@ -563,8 +630,45 @@ class Chat:
     async def _handed_off(self, result: Any) -> None:
         parent = self.thread_id
         self._switch(result.child_thread_id)
+        await self._catch_up(force=True)  # the tasks carried over show on the new thread's panel
         self.console.print(f"[green]→ continuing in a new thread {result.child_thread_id[:8]}[/] [dim](from "
                            f"{parent[:8]}; the summary is in the agent's memory until the first reply)[/]")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as the chat reports it: backchannel's own by their message, others with their type."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, (BackchannelError, ValueError)) else f"{type(exc).__name__}: {text}"
+
+
+async def find_thread(runtime: Any, prefix: str, *, metadata: Mapping[str, Any] | None = None) -> str:
+    """The id of the thread whose id is ``prefix``, or starts with it: the 8 characters the CLI shows are enough.
+
+    ``metadata`` narrows the search (e.g. one assistant's threads). Raises
+    :class:`~backchannel.errors.NotFoundError` when no thread matches, and
+    :class:`~backchannel.errors.InvalidRequestError` when several do.
+    """
+    prefix = prefix.strip()
+    try:
+        thread = await runtime.threads.get(prefix)
+        if all(thread["metadata"].get(k) == v for k, v in (metadata or {}).items()):
+            return str(thread["thread_id"])
+    except (NotFoundError, InvalidRequestError):
+        pass  # not a whole id (or not this one's): look for it as the start of one
+    matches: list[str] = []
+    offset = 0
+    while prefix:
+        page = await runtime.threads.search(metadata=metadata, limit=_SEARCH_PAGE, offset=offset)
+        matches += [t["thread_id"] for t in page if t["thread_id"].startswith(prefix)]
+        if len(page) < _SEARCH_PAGE:
+            break
+        offset += _SEARCH_PAGE
+    if not matches:
+        raise NotFoundError(f"no thread's id starts with {prefix!r}")
+    if len(matches) > 1:
+        raise InvalidRequestError(f"{len(matches)} threads' ids start with {prefix!r} "
+                                  f"({', '.join(m[:13] for m in matches[:4])}…): give more of the id")
+    return matches[0]
 
 
 def _is_handoff(value: Any) -> bool:
@@ -594,9 +698,11 @@ async def run_chat(*, model: str | None, config_file: str | None, store: str | N
     that name on a server (a :class:`~backchannel.runtime.remote.RemoteRuntime`).
 
     ``model`` is the ``--model`` flag; without it, ``BACKCHANNEL_MODEL``, the
-    configuration's ``model``, or a provider whose API key is set.
+    configuration's ``model``, a provider whose API key is set, else the offline model.
+    ``thread_id`` may be the first characters of the thread's id.
     """
-    from backchannel.config import ConfigError, build_chat_agent, load_config, load_model, resolve_model
+    from backchannel.config import build_chat_agent, load_config, load_model, model_label, resolve_model
+    from backchannel.models.offline import OFFLINE
 
     config = load_config(config_file)
     history = Path.home() / ".backchannel" / "history"
@@ -606,7 +712,7 @@ async def run_chat(*, model: str | None, config_file: str | None, store: str | N
         async with RemoteRuntime(url) as rt:
             await rt.assistants.get(config.agent)  # a clear error if the server has no such assistant
             if thread_id is not None:
-                await rt.threads.get(thread_id)
+                thread_id = await find_thread(rt, thread_id)
             chat = Chat(rt, config.agent, console=console, model=model or "the server's", store=url,
                         thread_id=thread_id, history_file=history, local=False)
             if model:
@@ -614,15 +720,12 @@ async def run_chat(*, model: str | None, config_file: str | None, store: str | N
             return await chat.run()
     from backchannel.runtime import DEFAULT_STORE, LocalRuntime
 
-    model = resolve_model(model, config.model)
-    if model is None:
-        raise ConfigError("no model configured: set model in ~/.backchannel/config.toml, pass --model "
-                          "openai:gpt-4o-mini (with OPENAI_API_KEY set), or set BACKCHANNEL_MODEL")
+    model = resolve_model(model, config.model) or OFFLINE
     agent = build_chat_agent(config, load_model(model))
-    store = store or config.store or DEFAULT_STORE
+    store = store or config.database or DEFAULT_STORE
     async with LocalRuntime(store, agents={config.agent: agent}) as rt:
-        if thread_id is not None:
-            await rt.threads.get(thread_id)  # a clear error for an unknown id, before the screen is set up
+        if thread_id is not None:  # a clear error for an unknown id, before the screen is set up
+            thread_id = await find_thread(rt, thread_id)
         chat = Chat(rt, config.agent, console=console, model=model, store=store, thread_id=thread_id,
-                    history_file=history)
+                    history_file=history, model_label=model_label(model))
         return await chat.run()

@@ -1,22 +1,26 @@
-"""The ``backchannel`` command: the chat, the demo, one-shot runs, and threads.
+"""The ``backchannel`` command: the chat, the demo, one-shot runs, threads, and the server.
 
-    backchannel [chat] [--model provider:name] [--thread ID] [--config PATH] [--store URL | --url URL]
-    backchannel demo [--prompt TEXT] [--model provider:name] [--store URL] [--web [--port 8123] [--no-browser]]
-    backchannel run "question" [--model provider:name] [--thread ID] [--store URL | --url URL --assistant ID]
-    backchannel threads [list | show ID | tree ID | delete ID] [--store URL | --url URL]
-    backchannel serve [--host H] [--port 8123] [--database URL] [--agents [ID=]module:attr ...] [--api-key KEY] [--demo]
+    backchannel [chat] [--model M] [--thread ID] [--config PATH] [--database URL | --url URL]
+    backchannel demo [--prompt TEXT] [--model M] [--database URL] [--web [--port 8123] [--no-browser]]
+    backchannel run "question" [--model M] [--thread ID] [--config PATH] [--database URL | --url URL --assistant ID]
+    backchannel threads [list | show ID | tree ID | delete ID] [--database URL | --url URL]
+    backchannel serve [--host H] [--port 8123] [--database URL] [--agents [ID=]module:attr ...] [--api-key KEY]
 
-State lives in ``~/.backchannel/state.db`` (SQLite) unless ``--store`` says
-otherwise; ``--url`` works on a server's threads instead. The chat reads
-``~/.backchannel/config.toml``. The model comes from ``--model``, else
+State lives in ``~/.backchannel/state.db`` (SQLite) unless ``--database`` says
+otherwise (the demo keeps its own, ``~/.backchannel/demo.db``); ``--url``
+works on a server's threads instead. The chat and ``run`` read
+``~/.backchannel/config.toml``. A model (``M``) is ``provider:name``,
+``module:attribute`` or ``offline``; it comes from ``--model``, else
 ``BACKCHANNEL_MODEL``, else the configuration, else ``OPENAI_API_KEY`` or
-``ANTHROPIC_API_KEY`` being set.
+``ANTHROPIC_API_KEY`` being set, else the offline model. Every command takes
+``--verbose`` to show the library's log lines (or ``BACKCHANNEL_LOG=info``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -28,8 +32,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from backchannel._display import STREAM_MODES, StreamView, TaskBoard, show_stream
+from backchannel import __version__
+from backchannel._display import STREAM_MODES, StreamView, TaskBoard, show_logs, show_stream
 from backchannel.config import resolve_model
+from backchannel.errors import BackchannelError
 from backchannel.messages import text_of
 
 __all__ = ["main", "resolve_model"]
@@ -38,11 +44,12 @@ COMMANDS = ("chat", "demo", "run", "threads", "serve")
 
 
 async def _show_run(rt: Any, thread_id: str | None, assistant: str, prompt: str, console: Console, *,
-                    metadata: dict[str, Any] | None = None, url: str | None = None) -> None:
-    """Run ``assistant`` on ``prompt`` and show it as it happens, with the panel of its background tasks.
+                    metadata: dict[str, Any] | None = None, where: str = "") -> bool:
+    """Run ``assistant`` on ``prompt`` and show it as it happens, with the panel of its background tasks;
+    returns whether the run succeeded.
 
-    Without ``thread_id`` it runs on a new thread (with ``metadata``). The thread's id (and the server's
-    ``url``) ends the output, so the user can continue the conversation or look at its tree.
+    Without ``thread_id`` it runs on a new thread (with ``metadata``). The thread's id (and ``where`` it
+    lives, as command-line options) ends the output, so the user can continue or look at its tree.
     """
     if thread_id is None:
         thread_id = (await rt.threads.create(metadata=metadata))["thread_id"]
@@ -55,55 +62,83 @@ async def _show_run(rt: Any, thread_id: str | None, assistant: str, prompt: str,
     if board.rows:
         console.print(board.panel(recent=float("inf")))
     if view.error:
-        console.print(f"[red]the run failed: {escape(str(view.error.get('message', view.error)))}[/]")
-    where = f" on {url}" if url else ""
-    console.print(f"[dim]thread {thread_id}{where}[/]")
+        console.print(f"[red]the run failed: {escape(view.error.get('error', 'Error'))}: "
+                      f"{escape(str(view.error.get('message', view.error)))}[/]", soft_wrap=True)
+    elif view.interrupts:
+        console.print(f"[magenta]the run waits for a decision: answer it in the chat (backchannel chat --thread "
+                      f"{thread_id[:8]}{where})[/]", soft_wrap=True)
+    console.print(f"[dim]thread {thread_id} (its tree: backchannel threads tree {thread_id[:8]}{where})[/]",
+                  soft_wrap=True)
+    return view.error is None
 
 
-async def run_demo(prompt: str, model: str | None, store: str, console: Console) -> None:
+async def run_demo(prompt: str, model: Any, label: str | None, database: str, console: Console) -> bool:
     from backchannel.demo import build_demo
     from backchannel.runtime import LocalRuntime
 
     agent = build_demo(model)
-    label = (f"model: {model}" if model
-             else "offline scripted model (no model configured; pass --model to use a real one)")
+    shown = (f"model: {label}" if label else
+             "offline scripted model (no model configured; pass --model to use a real one)")
     console.print(Panel(f"[bold]backchannel demo[/] — a supervisor with researcher and analyst subagents in the "
-                        f"background\n[dim]{escape(label)} · state: {escape(store)}[/]", border_style="blue"))
-    async with LocalRuntime(store, agents={"supervisor": agent}) as rt:
-        await _show_run(rt, None, "supervisor", prompt, console, metadata={"title": "demo"})
+                        f"background\n[dim]{escape(shown)} · state: {escape(database)}[/]", border_style="blue"))
+    async with LocalRuntime(database, agents={"supervisor": agent}) as rt:
+        return await _show_run(rt, None, "supervisor", prompt, console, metadata={"title": "demo"},
+                               where=_database_option(database))
 
 
-async def run_once(prompt: str, model: str, thread_id: str | None, store: str, console: Console) -> None:
-    from backchannel.deep_agent import create_deep_agent
-    from backchannel.runtime import LocalRuntime
+async def run_once(prompt: str, model: str | None, thread_id: str | None, database: str | None,
+                   config_file: str | None, console: Console) -> bool:
+    """``run``: the chat's agent (from the configuration) answers once, and waits for its background tasks."""
+    from backchannel.chat import find_thread
+    from backchannel.config import build_chat_agent, load_config, load_model, model_label
+    from backchannel.models.offline import OFFLINE
+    from backchannel.runtime import DEFAULT_STORE, LocalRuntime
 
-    agent = create_deep_agent(model, name="assistant")
-    async with LocalRuntime(store, agents={"assistant": agent}) as rt:
-        await _show_run(rt, thread_id, "assistant", prompt, console)
+    config = load_config(config_file)
+    spec = resolve_model(model, config.model) or OFFLINE
+    agent = build_chat_agent(config, load_model(spec), completion="wait")
+    database = database or config.database or DEFAULT_STORE
+    console.print(f"[dim]{escape(config.agent)} · model: {escape(model_label(spec))} · state: {escape(database)}[/]",
+                  soft_wrap=True)
+    async with LocalRuntime(database, agents={config.agent: agent}) as rt:
+        if thread_id is not None:
+            thread_id = await find_thread(rt, thread_id)
+        return await _show_run(rt, thread_id, config.agent, prompt, console, where=_database_option(database))
 
 
-async def run_remote(prompt: str, url: str, assistant: str, thread_id: str | None, console: Console) -> None:
+def _database_option(database: str) -> str:
+    from backchannel.runtime import DEFAULT_STORE
+
+    return "" if database == DEFAULT_STORE else f" --database {database}"
+
+
+async def run_remote(prompt: str, url: str, assistant: str, thread_id: str | None, console: Console) -> bool:
     """Ask an assistant on a server, showing its reply, tool calls and tasks as they stream."""
+    from backchannel.chat import find_thread
     from backchannel.runtime.remote import RemoteRuntime
 
     async with RemoteRuntime(url) as rt:
-        await _show_run(rt, thread_id, assistant, prompt, console, url=url)
+        if thread_id is not None:
+            thread_id = await find_thread(rt, thread_id)
+        return await _show_run(rt, thread_id, assistant, prompt, console, where=f" --url {url}")
 
 
-def open_runtime(store: str, url: str | None = None) -> Any:
-    """The runtime the command works on: the server at ``url``, else the embedded one on ``store``."""
+def open_runtime(database: str, url: str | None = None) -> Any:
+    """The runtime the command works on: the server at ``url``, else the embedded one on ``database``."""
     if url:
         from backchannel.runtime.remote import RemoteRuntime
 
         return RemoteRuntime(url)
     from backchannel.runtime import LocalRuntime
 
-    return LocalRuntime(store)
+    return LocalRuntime(database)
 
 
-async def run_threads(action: str, thread_id: str | None, store: str, console: Console,
+async def run_threads(action: str, thread_id: str | None, database: str, console: Console,
                       url: str | None = None) -> int:
-    async with open_runtime(store, url) as rt:
+    from backchannel.chat import find_thread
+
+    async with open_runtime(database, url) as rt:
         if action == "list":
             table = Table("thread", "status", "updated", "metadata")
             for t in await rt.threads.search(limit=50):
@@ -113,6 +148,7 @@ async def run_threads(action: str, thread_id: str | None, store: str, console: C
         if thread_id is None:
             console.print(f"[red]threads {action} needs a thread id[/]")
             return 2
+        thread_id = await find_thread(rt, thread_id)
         if action == "delete":
             await rt.threads.delete(thread_id)
             console.print(f"deleted {thread_id}")
@@ -134,44 +170,91 @@ async def _print_tree(rt: Any, thread_id: str, console: Console, depth: int) -> 
         await _print_tree(rt, child["thread_id"], console, depth + 1)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help with each option's default, and without ``(default: None)`` for options that have none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, []) or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _parser() -> argparse.ArgumentParser:
+    from backchannel.demo import DEFAULT_PROMPT, DEMO_DATABASE
     from backchannel.runtime import DEFAULT_STORE
 
-    parser = argparse.ArgumentParser(prog="backchannel", description="Deep agents with background subagents.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    chat = sub.add_parser("chat", help="talk with your agent (what `backchannel` alone does)")
-    chat.add_argument("--thread", default=None, help="continue this thread")
-    chat.add_argument("--config", default=None, help="configuration file (default ~/.backchannel/config.toml)")
-    chat.add_argument("--store", default=None, help=f"where state lives (default: the configuration's, else "
-                                                    f"{DEFAULT_STORE})")
+    parser = argparse.ArgumentParser(prog="backchannel", description="Deep agents with background subagents. "
+                                     "Without a command: the chat.", formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"backchannel {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
+        p.add_argument("--verbose", "-v", action="store_true",
+                       help="show the library's log lines (also: BACKCHANNEL_LOG=info or debug)")
+        return p
+
+    def database(p: argparse.ArgumentParser, default: str | None, shown: str) -> None:
+        where = "where state lives: sqlite:///path or postgresql://..."
+        p.add_argument("--database", default=default, metavar="URL",
+                       help=where if default is not None else f"{where} (default: {shown})")
+        p.add_argument("--store", dest="database", help=argparse.SUPPRESS)  # the older name
+
+    model_help = "provider:name (openai:gpt-4o-mini), module:attribute, or offline"
+    chat = command("chat", "talk with your agent (what `backchannel` alone does)")
+    chat.add_argument("--model", default=None, help=f"{model_help} (default: BACKCHANNEL_MODEL, the configuration's, "
+                                                    "a provider whose API key is set, else offline)")
+    chat.add_argument("--thread", default=None, metavar="ID", help="continue this thread (its first characters "
+                                                                   "are enough)")
+    chat.add_argument("--config", default=None, metavar="PATH", help="configuration file (default: "
+                                                                     "~/.backchannel/config.toml)")
+    database(chat, None, f"the configuration's, else {DEFAULT_STORE}")
     chat.add_argument("--url", default=None, help="chat with the assistant of a backchannel server instead "
                                                   "(the configuration's agent name; API key from BACKCHANNEL_API_KEY)")
-    demo = sub.add_parser("demo", help="supervisor + researcher and analyst subagents in the background")
-    demo.add_argument("--prompt", default=None)
+
+    demo = command("demo", "a supervisor with researcher and analyst subagents in the background")
+    demo.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question for the supervisor")
+    demo.add_argument("--model", default=None, help=f"{model_help} (default: BACKCHANNEL_MODEL, a provider whose "
+                                                    "API key is set, else offline scripted models)")
+    database(demo, DEMO_DATABASE, DEMO_DATABASE)
     demo.add_argument("--web", action="store_true", help="serve the demo as a web page instead")
     demo.add_argument("--port", type=int, default=8123, help="the web page's port (with --web)")
     demo.add_argument("--no-browser", action="store_true", help="don't open a browser (with --web)")
-    run = sub.add_parser("run", help="answer one question with a deep agent")
-    run.add_argument("prompt")
-    run.add_argument("--thread", default=None, help="continue this thread")
+
+    run = command("run", "answer one question with your agent (as configured for the chat), waiting for its "
+                         "background tasks")
+    run.add_argument("prompt", help="the question")
+    run.add_argument("--model", default=None, help=f"{model_help} (default: as for the chat)")
+    run.add_argument("--thread", default=None, metavar="ID", help="continue this thread (its first characters "
+                                                                  "are enough)")
+    run.add_argument("--config", default=None, metavar="PATH", help="configuration file (default: "
+                                                                    "~/.backchannel/config.toml)")
+    database(run, None, f"the configuration's, else {DEFAULT_STORE}")
     run.add_argument("--url", default=None, help="ask an assistant on this server instead")
     run.add_argument("--assistant", default="agent", help="the server's assistant to ask (with --url)")
-    threads = sub.add_parser("threads", help="list, show, tree or delete threads")
-    threads.add_argument("action", nargs="?", default="list", choices=["list", "show", "tree", "delete"])
-    threads.add_argument("thread_id", nargs="?")
+
+    threads = command("threads", "list, show, tree or delete threads")
+    threads.add_argument("action", nargs="?", default="list", choices=["list", "show", "tree", "delete"],
+                         help="what to do")
+    threads.add_argument("thread_id", nargs="?", metavar="ID", help="the thread (its first characters are enough)")
+    database(threads, DEFAULT_STORE, DEFAULT_STORE)
     threads.add_argument("--url", default=None, help="a backchannel or LangGraph server to work on instead")
-    serve = sub.add_parser("serve", help="serve agents over the LangGraph HTTP API")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8123)
-    serve.add_argument("--database", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
+
+    serve = command("serve", "serve agents over the LangGraph HTTP API")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    serve.add_argument("--port", type=int, default=8123, help="the port to listen on")
+    database(serve, DEFAULT_STORE, DEFAULT_STORE)
     serve.add_argument("--agents", nargs="+", default=[], metavar="[ID=]MODULE:ATTR",
                        help="agents to serve, e.g. myapp.agents:supervisor (default: a deep agent on --model)")
+    serve.add_argument("--model", default=None, help=f"{model_help}: the model of the default agent and of --demo "
+                                                     "(default: BACKCHANNEL_MODEL, a provider whose API key is set)")
     serve.add_argument("--demo", action="store_true",
                        help="serve the demo supervisor and its web page at / (offline unless --model)")
     serve.add_argument("--api-key", default=os.environ.get("BACKCHANNEL_API_KEY"),
                        help="require this key in x-api-key (default: $BACKCHANNEL_API_KEY)")
     serve.add_argument("--no-auth", action="store_true", help="serve a non-loopback host without an API key")
-    serve.add_argument("--public-url", default=None, help="where other servers reach this one")
+    serve.add_argument("--public-url", default=None, metavar="URL",
+                       help="where other servers reach this one (default: http://HOST:PORT)")
     serve.add_argument("--grace", type=float, default=10.0, help="seconds running runs get to finish on stop")
     serve.add_argument("--lease", type=float, default=30.0,
                        help="with Postgres: seconds without a heartbeat before other servers take this one's runs")
@@ -182,11 +265,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="host names the server answers to besides loopback and IP addresses ('*': any)")
     serve.add_argument("--client-timeout", type=float, default=10.0, metavar="SECONDS",
                        help="seconds a client may take to send a request, or leave what the server writes unread, "
-                            "before it is disconnected (default 10)")
-    for p in (demo, run, threads):
-        p.add_argument("--store", default=DEFAULT_STORE, help=f"where state lives (default {DEFAULT_STORE})")
-    for p in (chat, demo, run, serve):
-        p.add_argument("--model", default=None, help="provider:model, e.g. openai:gpt-4o-mini")
+                            "before it is disconnected")
     return parser
 
 
@@ -198,7 +277,8 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]refusing to serve {args.host} without an API key:[/] pass --api-key (or set "
                       "BACKCHANNEL_API_KEY), or --no-auth if the network is trusted")
         return 2
-    model = resolve_model(args.model)
+    spec = resolve_model(args.model)
+    model = _usable_model(spec) if spec is not None else None  # refused now, not at every run
     agents = import_agents(args.agents)
     demo_page = None
     if args.demo:
@@ -206,7 +286,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         from backchannel.server import DemoPage
 
         agents["supervisor"] = build_demo(model)
-        demo_page = DemoPage("supervisor", model)
+        demo_page = DemoPage("supervisor", spec)
     if not agents:
         if model is None:
             console.print("[red]nothing to serve:[/] pass --agents module:attr, --demo, or a --model for a "
@@ -232,23 +312,36 @@ def _names(option: str | None) -> list[str] | None:
     return [n.strip() for n in option.split(",") if n.strip()] if option else None
 
 
-def run_demo_web(prompt: str, model: str | None, store: str, port: int, open_browser: bool,
+def _usable_model(spec: str) -> Any:
+    """The model ``spec`` names, made once to check it can be used (known provider, its API key set, importable):
+    a :class:`~backchannel.config.ConfigError` saying what is wrong otherwise."""
+    from backchannel.config import ConfigError, load_model
+    from backchannel.models import init_model
+
+    model = load_model(spec)
+    try:
+        return init_model(model)
+    except (ValueError, TypeError, ImportError, BackchannelError) as exc:
+        raise ConfigError(f"cannot use model {spec!r}: {exc}") from None
+
+
+def run_demo_web(prompt: str, model: Any, label: str | None, database: str, port: int, open_browser: bool,
                  console: Console) -> int:
     """The demo as a web page on this machine: a chat with the supervisor and live subagent cards."""
     from backchannel.demo import build_demo
     from backchannel.server import DemoPage, serve
 
-    page = DemoPage("supervisor", model, prompt)
+    page = DemoPage("supervisor", label, prompt)
     url = f"http://127.0.0.1:{port}/"
     console.print(Panel(f"[bold]backchannel demo[/] — open [bold]{url}[/] in a browser (Ctrl+C stops it)\n"
-                        f"[dim]{escape(page.model_label)} · state: {escape(store)}[/]", border_style="blue"))
+                        f"[dim]{escape(page.model_label)} · state: {escape(database)}[/]", border_style="blue"))
 
     def open_page() -> None:
         import webbrowser
 
         webbrowser.open(url)
 
-    serve({"supervisor": build_demo(model)}, port=port, database=store, demo_page=page, log_level="warning",
+    serve({"supervisor": build_demo(model)}, port=port, database=database, demo_page=page, log_level="warning",
           on_ready=open_page if open_browser and _has_browser() else None)
     return 0
 
@@ -269,50 +362,62 @@ def _server_extra_missing() -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        return _unknown_command(argv[0])
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "chat")  # `backchannel` alone, or with the chat's options, is the chat
     args = _parser().parse_args(argv)
     console = Console()
+    show_logs(console, verbose=args.verbose)
     try:
         missing = _server_extra_missing() if args.command == "serve" or getattr(args, "web", False) else None
         if missing:
             console.print(f"[red]{escape(missing)}[/]")
             return 2
-        if args.command == "chat":
-            from backchannel.chat import run_chat
-
-            return asyncio.run(run_chat(model=args.model, config_file=args.config, store=args.store,
-                                        thread_id=args.thread, console=console, url=args.url))
-        if args.command == "demo":
-            from backchannel.demo import DEFAULT_PROMPT
-
-            prompt, model = args.prompt or DEFAULT_PROMPT, resolve_model(args.model)
-            if args.web:
-                return run_demo_web(prompt, model, args.store, args.port, not args.no_browser, console)
-            asyncio.run(run_demo(prompt, model, args.store, console))
-        elif args.command == "run" and args.url:
-            asyncio.run(run_remote(args.prompt, args.url, args.assistant, args.thread, console))
-        elif args.command == "run":
-            model = resolve_model(args.model)
-            if model is None:
-                console.print("[red]no model configured:[/] pass --model openai:gpt-4o-mini (with OPENAI_API_KEY "
-                              "set), or set BACKCHANNEL_MODEL")
-                return 2
-            asyncio.run(run_once(args.prompt, model, args.thread, args.store, console))
-        elif args.command == "serve":
-            return run_serve(args, console)
-        else:
-            return asyncio.run(run_threads(args.action, args.thread_id, args.store, console, args.url))
+        return _run(args, console)
     except KeyboardInterrupt:
         console.print("[dim]stopped; unfinished runs resume next time[/]")
         return 130
     except Exception as exc:  # a readable line on stderr rather than a traceback
         from backchannel.config import ConfigError
 
-        problem = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        readable = isinstance(exc, (ConfigError, BackchannelError))
+        problem = str(exc) if readable else f"{type(exc).__name__}: {exc}"
         Console(stderr=True).print(f"[red]error:[/] {escape(problem)}", soft_wrap=True)
         return 2 if isinstance(exc, ConfigError) else 1
-    return 0
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    """The command ``args`` names; returns the exit code (1: the run failed)."""
+    if args.command == "chat":
+        from backchannel.chat import run_chat
+
+        return asyncio.run(run_chat(model=args.model, config_file=args.config, store=args.database,
+                                    thread_id=args.thread, console=console, url=args.url))
+    if args.command == "demo":
+        label = resolve_model(args.model)
+        model = _usable_model(label) if label else None
+        if args.web:
+            return run_demo_web(args.prompt, model, label, args.database, args.port, not args.no_browser, console)
+        return 0 if asyncio.run(run_demo(args.prompt, model, label, args.database, console)) else 1
+    if args.command == "run":
+        if args.url:
+            succeeded = asyncio.run(run_remote(args.prompt, args.url, args.assistant, args.thread, console))
+        else:
+            succeeded = asyncio.run(run_once(args.prompt, args.model, args.thread, args.database, args.config,
+                                             console))
+        return 0 if succeeded else 1
+    if args.command == "serve":
+        return run_serve(args, console)
+    return asyncio.run(run_threads(args.action, args.thread_id, args.database, console, args.url))
+
+
+def _unknown_command(name: str) -> int:
+    close = difflib.get_close_matches(name, COMMANDS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    print(f"backchannel: unknown command {name!r}{hint}; the commands are {', '.join(COMMANDS)}; "
+          "backchannel --help says more", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

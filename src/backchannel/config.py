@@ -8,7 +8,7 @@ Every key is optional::
     tools = ["mypackage.tools:search"] # module:attribute, a tool (function) or a list of them
     approve_tools = ["send_email"]     # tools that wait for your approval (approve, edit or reject)
     completion = "notify"              # or "wait": stay in the run until background tasks report
-    store = "sqlite:///~/.backchannel/state.db"
+    database = "sqlite:///~/.backchannel/state.db"   # or postgresql://... (``store`` is an older name for it)
     summarize_after = 170000           # tokens before older messages are summarised
     workspace = "~/notes"              # the file tools work in this directory (default: in the thread's state)
     shell = false                      # with workspace: `execute` runs commands there, each approved by you
@@ -32,6 +32,8 @@ Every key is optional::
     args = ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]
 
 A bad file is refused with a :class:`ConfigError` naming the file and the key.
+Without any model configured, the chat and ``run`` use the offline model
+(:mod:`backchannel.models.offline`) with an offline researcher subagent.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backchannel._imports import import_object
 from backchannel.agent import Agent
@@ -51,9 +53,10 @@ from backchannel.messages import AIMessage
 from backchannel.middleware import Middleware, ModelHandler
 from backchannel.models import _PROVIDERS, init_model
 from backchannel.models.base import ModelRequest
+from backchannel.models.offline import OFFLINE, OFFLINE_LABEL, OfflineModel, search_notes
 
 __all__ = ["ChatConfig", "ConfigError", "MCPServerConfig", "ModelChoice", "SubagentConfig", "build_chat_agent",
-           "config_path", "load_config", "load_model", "resolve_model"]
+           "config_path", "is_offline", "load_config", "load_model", "model_label", "resolve_model"]
 
 _NAME = r"^[A-Za-z0-9_-]+$"
 
@@ -111,7 +114,7 @@ class ChatConfig(BaseModel):
     tools: list[str] = []
     approve_tools: list[str] = []
     completion: Literal["notify", "wait"] = "notify"
-    store: str | None = None
+    database: str | None = Field(default=None, validation_alias=AliasChoices("database", "store"))
     summarize_after: int | None = Field(default=170_000, gt=0)
     subagents: list[SubagentConfig] = []
     workspace: str | None = None
@@ -157,7 +160,8 @@ def _describe(exc: ValidationError) -> str:
 
 
 def resolve_model(flag: str | None, configured: str | None = None) -> str | None:
-    """The model to use: the flag, ``BACKCHANNEL_MODEL``, the configured one, or a provider whose API key is set."""
+    """The model to use: the flag, ``BACKCHANNEL_MODEL``, the configured one, or a provider whose API key is set
+    (``None``: nothing configured, the commands then use the offline model)."""
     for choice in (flag, os.environ.get("BACKCHANNEL_MODEL"), configured):
         if choice:
             return choice
@@ -178,11 +182,23 @@ def load_object(reference: str, what: str) -> Any:
         raise ConfigError(f"{what} {reference!r} cannot be loaded: {exc}") from None
 
 
+def is_offline(model: Any) -> bool:
+    """Whether ``model`` (a setting or a model object) is the offline stand-in."""
+    return model == OFFLINE or isinstance(model, OfflineModel)
+
+
+def model_label(spec: str) -> str:
+    """How the commands name a model setting to the person (the offline one says so)."""
+    if spec == OFFLINE:
+        return f"{OFFLINE_LABEL} (no model configured: pass --model, or set model in ~/.backchannel/config.toml)"
+    return spec
+
+
 def load_model(spec: str) -> Any:
-    """A model setting: ``"provider:name"`` as it is, or the model object ``module:attribute`` names
-    (a callable that is not a model is called to make one)."""
+    """A model setting: ``"provider:name"`` or ``"offline"`` as it is, or the model object ``module:attribute``
+    names (a callable that is not a model is called to make one)."""
     provider = spec.partition(":")[0]
-    if provider in _PROVIDERS:
+    if provider in _PROVIDERS or spec == OFFLINE:
         return spec
     try:
         found = load_object(spec, "model")
@@ -221,8 +237,14 @@ class ModelChoice(Middleware):
         return await handler(request.override(model=self._models[name]))
 
 
-def build_chat_agent(config: ChatConfig, model: Any, *, home: str | os.PathLike[str] | None = None) -> Agent:
-    """The agent the configuration describes: a deep agent with its subagents, memory and handoff."""
+def build_chat_agent(config: ChatConfig, model: Any, *, home: str | os.PathLike[str] | None = None,
+                     completion: Literal["notify", "wait"] | None = None) -> Agent:
+    """The agent the configuration describes: a deep agent with its subagents, memory and handoff.
+
+    On the offline model, a configuration without subagents gets an offline ``researcher`` in the
+    background, so the chat's background tasks can be tried at once. ``completion`` overrides the
+    configuration's (``run`` waits for its tasks).
+    """
     from backchannel.deep_agent import create_deep_agent
     from backchannel.handoff import HandoffMiddleware
     from backchannel.memory import AgentMemoryMiddleware, MemoryFile, agent_memory_path
@@ -233,9 +255,12 @@ def build_chat_agent(config: ChatConfig, model: Any, *, home: str | os.PathLike[
                           tools=None if s.tools is None else _tools(s.tools),
                           model=load_model(s.model) if s.model else None, background=s.background,
                           timeout=s.timeout, url=s.url, graph_id=s.graph_id) for s in config.subagents]
+    if not subagents and is_offline(model):
+        subagents = [SubAgent("researcher", "Researches one subject in the offline notes and reports the facts.",
+                              tools=[search_notes], model=OfflineModel(latency=1.0), background=True, timeout=120)]
     return create_deep_agent(
         model, _tools(config.tools), subagents=subagents, system_prompt=config.system_prompt, name=config.agent,
-        completion=config.completion, max_tokens_before_summary=config.summarize_after,
+        completion=completion or config.completion, max_tokens_before_summary=config.summarize_after,
         middleware=[HandoffMiddleware(model, memory), AgentMemoryMiddleware(memory), ModelChoice()],
         interrupt_on={t: True for t in config.approve_tools}, backend=_backend(config),
         memory=config.memory or None, skills=config.skills or None, todos=config.todos,

@@ -15,35 +15,15 @@ from backchannel.agent import Agent
 from backchannel.deep_agent import create_deep_agent
 from backchannel.messages import HumanMessage, ToolMessage
 from backchannel.models.base import ModelRequest
+from backchannel.models.offline import OFFLINE_LABEL, OfflineModel, search_notes
 from backchannel.models.scripted import ScriptedModel
 from backchannel.subagents import SubAgent
-from backchannel.tools import tool
 
-__all__ = ["DEFAULT_PROMPT", "build_demo"]
+__all__ = ["DEFAULT_PROMPT", "DEMO_DATABASE", "build_demo"]
 
 DEFAULT_PROMPT = "Who is the greater basketball player, LeBron James or Michael Jordan?"
-
-_FACTS = {
-    "lebron": "LeBron James: 4 NBA titles, 4 Finals MVPs, 4 regular-season MVPs, 20 All-Star selections, "
-              "the NBA's all-time leading scorer (40,000+ points), 10 Finals appearances.",
-    "jordan": "Michael Jordan: 6 NBA titles in 6 Finals (6 Finals MVPs), 5 regular-season MVPs, 10 scoring "
-              "titles, Defensive Player of the Year 1988, highest career points per game (30.1).",
-    "criteria": "Common GOAT criteria: peak dominance, longevity, championships and Finals record, "
-                "individual awards, statistical production, two-way impact, and influence on the game.",
-}
-
-
-@tool
-async def search_notes(query: str) -> str:
-    """Look up facts in the research notes (an offline knowledge base).
-
-    Args:
-        query: What to look up, e.g. a player's name or "criteria".
-    """
-    q = query.lower()
-    found = [fact for key, fact in _FACTS.items() if key in q or (key == "criteria" and "goat" in q)]
-    return "\n".join(found) or f"No notes match {query!r}; try a player's name or 'criteria'."
-
+# The demo's own state, so that it never meets the chat's threads and tasks (and their agents of the same names).
+DEMO_DATABASE = "sqlite:///~/.backchannel/demo.db"
 
 def build_demo(model: Any = None, *, latency: float = 0.6,
                completion: Literal["notify", "wait"] = "wait") -> Agent:
@@ -57,13 +37,13 @@ def build_demo(model: Any = None, *, latency: float = 0.6,
         "researcher", "Looks up facts and statistics about one subject and reports them.",
         system_prompt="Research the subject you are given with search_notes, then report the key facts.",
         tools=[search_notes], background=True, timeout=120,
-        model=model or ScriptedModel([_researcher], loop=True, latency=latency, name="offline-scripted"))
+        model=model or OfflineModel(latency=latency, name=OFFLINE_LABEL))
     analyst = SubAgent(
         "analyst", "Works out how to compare candidates: criteria and how to weigh them.",
         system_prompt="Explain the criteria for the comparison you are given and how to weigh them.",
         tools=[search_notes], background=True, timeout=120,
-        model=model or ScriptedModel([_analyst], loop=True, latency=latency * 1.5, name="offline-scripted"))
-    supervisor_model = model or ScriptedModel([_supervisor], loop=True, latency=latency / 3, name="offline-scripted")
+        model=model or ScriptedModel([_analyst], loop=True, latency=latency * 1.5, name=OFFLINE_LABEL))
+    supervisor_model = model or ScriptedModel([_supervisor], loop=True, latency=latency / 3, name=OFFLINE_LABEL)
     return create_deep_agent(
         supervisor_model, subagents=[researcher, analyst], general_purpose=False, completion=completion,
         name="supervisor",
@@ -85,7 +65,7 @@ def _supervisor(request: ModelRequest) -> Any:
         if len(done) < len(tasks):
             # One comment per result that came in since the last reply (results arriving together come at once).
             comments = [f"The {m.additional_kwargs['task_notification']['subagent']} is back: "
-                        + _shorten(m.text.split("Result: ", 1)[-1].removeprefix("Findings: "), 110)
+                        + _shorten(m.text.split("Result: ", 1)[-1], 110)
                         for m in _new_results(messages)]
             return " ".join(comments) + f" Still waiting on {len(tasks) - len(done)} more."
         return _verdict()
@@ -112,14 +92,6 @@ def _new_results(messages: Any) -> list[HumanMessage]:
             break
         found.append(m)
     return found[::-1]
-
-
-def _researcher(request: ModelRequest) -> Any:
-    last = request.messages[-1]
-    if isinstance(last, ToolMessage):
-        return f"Findings: {last.text}"
-    subject = "Michael Jordan" if "jordan" in last.text.lower() else "LeBron James"
-    return {"tool_calls": [{"name": "search_notes", "args": {"query": subject}}]}
 
 
 def _analyst(request: ModelRequest) -> Any:

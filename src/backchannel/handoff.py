@@ -210,7 +210,7 @@ async def generate_summary(model: Any, messages: Sequence[AnyMessage], *, max_to
     earlier answer and is asked to rewrite it.
     """
     chat = init_model(model)
-    follow_up = [AIMessage(revise[0]), HumanMessage(revise[1])] if revise else []
+    follow_up: list[AnyMessage] = [AIMessage(revise[0]), HumanMessage(revise[1])] if revise else []
     reply = await ask_for_summary(chat, prompt, messages, follow_up=follow_up, max_tokens=max_tokens)
     usage = reply.usage_metadata or {}
     tokens = usage.get("total_tokens") or usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
@@ -498,8 +498,12 @@ class HandoffMiddleware(Middleware):
         request = state.get("handoff_request")
         if not request:
             return None
-        if request.get("run_id"):  # an earlier run's request that was never answered: the thread moved on
-            return {"handoff_request": None, "handoff": {**(state.get("handoff") or {}), "status": "abandoned"}}
+        if request.get("run_id"):  # an earlier run's request, still waiting for a decision
+            proposal = state.get("handoff") or {}
+            arriving = [*state["messages"], *(ctx.inbox.drain() if ctx.inbox is not None else ())]  # drain peeks
+            if proposal.get("status") == "proposed" and _only_results_since(proposal, arriving):
+                return None  # a task result arrived while the person decides: the proposal keeps waiting
+            return {"handoff_request": None, "handoff": {**proposal, "status": "abandoned"}}  # the thread moved on
         base = {"request_id": request.get("request_id"), "assistant_id": _assistant_id(ctx),
                 "parent_thread_id": ctx.thread_id}
         selected = select_messages(state["messages"], window=self.window, top_n=self.top_n,
@@ -511,7 +515,8 @@ class HandoffMiddleware(Middleware):
         proposal = {**base, "status": "proposed", "handoff_id": str(uuid.uuid4()), "summary_json": summary,
                     "summary_md": render_summary(summary), "omitted": omitted, "model": generated.model,
                     "tokens_used": generated.tokens_used, "model_run_id": generated.model_run_id,
-                    "messages_summarized": len(selected), "created_at": now_iso()}
+                    "messages_summarized": len(selected), "message_count": len(state["messages"]),
+                    "created_at": now_iso()}
         logger.info("handoff %s proposed for thread %s: model=%s tokens_used=%d", proposal["handoff_id"],
                     ctx.thread_id, generated.model, generated.tokens_used)
         ctx.emit_custom({"handoff": {k: proposal[k] for k in ("handoff_id", "status", "model", "tokens_used")}})
@@ -545,13 +550,19 @@ class HandoffMiddleware(Middleware):
         else:
             payload = review_payload(proposal)
             decision = check_resume(payload, interrupt(payload))[0]
+        # Task results that arrived while the person decided: answered here on a rejection, passed on on approval.
+        waiting = _only_results_since(proposal, state["messages"])
         if decision["type"] == "reject":
             result = {**proposal, "status": "rejected", "reason": decision.get("message")}
             logger.info("handoff %s rejected", proposal["handoff_id"])
         else:
             result = await self._accept(proposal, decision_args(decision), state, ctx)
+            if waiting:
+                result = (await self._forward_results({**state, "handoff": result}, ctx) or {}).get("handoff", result)
         ctx.emit_custom({"handoff": {"handoff_id": result["handoff_id"], "status": result["status"],
                                      "child_thread_id": result.get("child_thread_id")}})
+        if decision["type"] == "reject" and waiting:
+            return {"handoff_request": None, "handoff": result}  # on to the model, which answers them
         return {"handoff_request": None, "handoff": result, "jump_to": "end"}
 
     async def after_agent(self, state: Mapping[str, Any], ctx: Any) -> dict[str, Any] | None:
@@ -631,7 +642,7 @@ class HandoffMiddleware(Middleware):
                     handoff_id, parent, child_id, proposal["model"], proposal["tokens_used"], mirrored)
         return {**proposal, "status": "accepted", "summary_json": record, "summary_md": md,
                 "child_thread_id": child_id, "mirrored": mirrored, "carried_tasks": sorted(carried),
-                "message_count": len(state["messages"])}
+                "message_count": proposal.get("message_count", len(state["messages"]))}
 
 
 _UNFINISHED = ("pending", "running", "waiting")
@@ -639,6 +650,12 @@ _UNFINISHED = ("pending", "running", "waiting")
 
 def _is_notification(message: AnyMessage) -> bool:
     return isinstance(message, HumanMessage) and "task_notification" in message.additional_kwargs
+
+
+def _only_results_since(proposal: Mapping[str, Any], messages: Sequence[AnyMessage]) -> bool:
+    """Whether messages came after the proposal, all of them task results (nobody said anything)."""
+    since = messages[proposal.get("message_count", len(messages)):]
+    return bool(since) and all(_is_notification(m) for m in since)
 
 
 def _passed_on(message: AnyMessage, parent: str | None, child: str) -> dict[str, Any]:
@@ -765,6 +782,7 @@ async def decide_handoff(runtime: Any, thread_id: str, assistant_id: str,
     A malformed decision raises :class:`~backchannel.errors.InvalidRequestError`
     before anything is sent, and the handoff keeps waiting.
     """
+    await _settled(runtime, thread_id)
     proposal = await pending_handoff(runtime, thread_id)
     if proposal is None:
         raise HandoffError(f"no handoff is waiting for a decision on thread {thread_id}; propose one first "
@@ -775,6 +793,13 @@ async def decide_handoff(runtime: Any, thread_id: str, assistant_id: str,
     if not isinstance(outcome, HandoffResult) or outcome.handoff_id != proposal.handoff_id:
         raise HandoffError(f"the decision on handoff {proposal.handoff_id} did not complete it")
     return outcome
+
+
+async def _settled(runtime: Any, thread_id: str) -> None:
+    """Wait for the thread's runs in progress (a task result being taken in) to end."""
+    for run in await runtime.runs.list(thread_id, limit=5):
+        if run["status"] in ("pending", "running"):
+            await runtime.runs.join(thread_id, run["run_id"])
 
 
 def _proposal(value: Any) -> HandoffProposal | None:

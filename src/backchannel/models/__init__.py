@@ -45,7 +45,8 @@ _PROVIDERS: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 
 def init_model(model: str | Any, **kwargs: Any) -> SupportsChat:
-    """A model from ``"provider:model-name"`` (openai, azure, ollama, vllm, anthropic).
+    """A model from ``"provider:model-name"`` (openai, azure, ollama, vllm, anthropic), or ``"offline"``:
+    the offline stand-in (:class:`~backchannel.models.offline.OfflineModel`), no key or network needed.
 
     A model object passes through; a LangChain chat model is wrapped by the
     LangChain bridge. Keyword arguments go to the adapter (``base_url``,
@@ -60,10 +61,14 @@ def init_model(model: str | Any, **kwargs: Any) -> SupportsChat:
         if isinstance(model, SupportsChat):
             return model
         raise TypeError(f"not a chat model: {model!r}")
+    if model == "offline":
+        from backchannel.models.offline import OfflineModel
+
+        return OfflineModel(**kwargs)
     provider, sep, name = model.partition(":")
     if not sep or not name:
-        raise ValueError(f"model {model!r} should be 'provider:model-name', e.g. 'openai:gpt-4o-mini'; "
-                         f"providers: {', '.join(_PROVIDERS)}")
+        raise ValueError(f"model {model!r} should be 'provider:model-name', e.g. 'openai:gpt-4o-mini', or "
+                         f"'offline'; providers: {', '.join(_PROVIDERS)}")
     if provider not in _PROVIDERS:
         raise ValueError(f"unknown model provider {provider!r} in {model!r}; known: {', '.join(_PROVIDERS)}")
     import importlib
