@@ -428,3 +428,42 @@ def test_handoff_on_an_assistant_without_handoff_says_so_and_runs_nothing(home):
             assert t.wait_exit() == 0
         finally:
             t.close()
+
+
+def readme_transcript() -> list[str]:
+    """The README's chat transcript as logical lines (a wrapped line joined to its start)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("```\n$ backchannel\n", 1)[1].split("```", 1)[0]
+    lines: list[str] = []
+    for line in block.splitlines():
+        if lines and re.match(r"^ {3,}\S", line) and not line.lstrip().startswith("→"):
+            lines[-1] += " " + line.strip()  # a wrapped reply
+        elif lines and lines[-1].startswith("→ continuing") and not line.startswith(("›", "agent")):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return lines
+
+
+def test_the_readme_transcript_is_what_a_new_user_gets(tmp_path):
+    """From an empty home (no configuration, no key), type what the README's transcript types, and see what it
+    shows: replies, tool calls, task results and the handoff, in order (ids and the spinner aside)."""
+    t = Terminal([], tmp_path)
+    try:
+        t.expect(r"model offline scripted model \(no model configured: pass --model, or set model in")
+        t.screen_shows(r"(?m)^›")
+        for line in readme_transcript():
+            if line.startswith("› ") and line[2:].strip():
+                t.type(line[2:].strip())
+            elif line.startswith("accept, edit or reject? [a/e/r] "):
+                t.expect(r"accept, edit or reject\? \[a/e/r\]")
+                t.type(line.rsplit(" ", 1)[1])
+            elif line.startswith(("agent ›", "  →", "📬", "→ continuing")):
+                pattern = r"\s+".join(re.escape(w) for w in line.split())
+                t.expect(re.sub(r"(?<![0-9a-z])[0-9a-f]{8}(?![0-9a-z])", "[0-9a-f]{8}", pattern), timeout=30)
+            elif line.startswith("│  • "):
+                t.expect(r"\s+".join(re.escape(w) for w in line.strip("│ ").split()))
+        t.type("/quit")
+        assert t.wait_exit() == 0
+    finally:
+        t.close()

@@ -720,12 +720,12 @@ async def run_chat(*, model: str | None, config_file: str | None, store: str | N
             return await chat.run()
     from backchannel.runtime import DEFAULT_STORE, LocalRuntime
 
-    model = resolve_model(model, config.model) or OFFLINE
-    agent = build_chat_agent(config, load_model(model))
+    chosen = resolve_model(model, config.model)
+    agent = build_chat_agent(config, load_model(chosen or OFFLINE))
     store = store or config.database or DEFAULT_STORE
     async with LocalRuntime(store, agents={config.agent: agent}) as rt:
         if thread_id is not None:  # a clear error for an unknown id, before the screen is set up
             thread_id = await find_thread(rt, thread_id)
-        chat = Chat(rt, config.agent, console=console, model=model, store=store, thread_id=thread_id,
-                    history_file=history, model_label=model_label(model))
+        chat = Chat(rt, config.agent, console=console, model=chosen or OFFLINE, store=store, thread_id=thread_id,
+                    history_file=history, model_label=model_label(chosen))
         return await chat.run()

@@ -95,10 +95,10 @@ async def run_once(prompt: str, model: str | None, thread_id: str | None, databa
     from backchannel.runtime import DEFAULT_STORE, LocalRuntime
 
     config = load_config(config_file)
-    spec = resolve_model(model, config.model) or OFFLINE
-    agent = build_chat_agent(config, load_model(spec), completion="wait")
+    chosen = resolve_model(model, config.model)
+    agent = build_chat_agent(config, load_model(chosen or OFFLINE), completion="wait")
     database = database or config.database or DEFAULT_STORE
-    console.print(f"[dim]{escape(config.agent)} · model: {escape(model_label(spec))} · state: {escape(database)}[/]",
+    console.print(f"[dim]{escape(config.agent)} · model: {escape(model_label(chosen))} · state: {escape(database)}[/]",
                   soft_wrap=True)
     async with LocalRuntime(database, agents={config.agent: agent}) as rt:
         if thread_id is not None:

@@ -187,11 +187,12 @@ def is_offline(model: Any) -> bool:
     return model == OFFLINE or isinstance(model, OfflineModel)
 
 
-def model_label(spec: str) -> str:
-    """How the commands name a model setting to the person (the offline one says so)."""
-    if spec == OFFLINE:
+def model_label(spec: str | None) -> str:
+    """How the commands name a model setting to the person: the offline model says so, and when it is used
+    because nothing was configured (``spec`` is ``None``), how to configure one."""
+    if spec is None:
         return f"{OFFLINE_LABEL} (no model configured: pass --model, or set model in ~/.backchannel/config.toml)"
-    return spec
+    return OFFLINE_LABEL if spec == OFFLINE else spec
 
 
 def load_model(spec: str) -> Any:

@@ -5,8 +5,9 @@ that every part of backchannel can be tried before a real model is set up.
 
 - Asked to research something, it starts a background subagent with
   ``start_async_task`` (the ``researcher`` if there is one).
-- Given ``search_notes`` (a researcher), it looks the subject up in a small
-  offline knowledge base and reports what it found.
+- Given a tool that takes one string (as a subagent: ``search_notes``, a
+  small offline knowledge base, or your own search), it calls it with what it
+  was asked and reports the result.
 - When a task reports back, it passes the result on.
 - Asked to summarise (a handoff, a compaction), it summarises the thread from
   its messages: a title, 3 to 6 bullets, a TL;DR.
@@ -34,10 +35,9 @@ OFFLINE = "offline"
 OFFLINE_LABEL = "offline scripted model"
 
 NOTES = {
-    "tea": "Tea was first drunk in China, about 2700 BC, and reached Europe through Dutch traders around 1610. "
-           "Green and black tea come from the same plant, Camellia sinensis; black tea is oxidised.",
-    "coffee": "Coffee was first brewed in Yemen in the 15th century, from beans grown in Ethiopia; the first "
-              "European coffee houses opened in Venice in 1645.",
+    "tea": "Tea was first drunk in China, about 2700 BC. Dutch traders brought it to Europe around 1610.",
+    "coffee": "Coffee was first brewed in Yemen in the 15th century. Venice had Europe's first coffee house, "
+              "in 1645.",
     "lebron": "LeBron James: 4 NBA titles, 4 Finals MVPs, 4 regular-season MVPs, 20 All-Star selections, "
               "the NBA's all-time leading scorer (40,000+ points), 10 Finals appearances.",
     "jordan": "Michael Jordan: 6 NBA titles in 6 Finals (6 Finals MVPs), 5 regular-season MVPs, 10 scoring "
@@ -84,8 +84,9 @@ def _reply(request: ModelRequest) -> Any:
         return summarise(messages[0].text)
     last = messages[-1]
     tools = {t.name for t in request.tools}
-    if "search_notes" in tools:
-        return _research(last)
+    lookup = _lookup_tool(request) if "start_async_task" not in tools else None
+    if lookup is not None:
+        return _look_up(lookup, last)
     if isinstance(last, ToolMessage):
         return _after_tool(last, messages)
     if isinstance(last, HumanMessage) and "task_notification" in last.additional_kwargs:
@@ -106,11 +107,21 @@ def _introduction() -> str:
             f"then /handoff, or /help. {_HOW_TO_CONFIGURE}")
 
 
-def _research(last: AnyMessage) -> Any:
-    """A researcher's turn: look the subject up, then report what the notes say."""
+def _lookup_tool(request: ModelRequest) -> tuple[str, str] | None:
+    """``(tool, parameter)`` of the first tool taking one string, what a subagent looks things up with."""
+    for t in request.tools:
+        properties = t.parameters.get("properties") or {}
+        if len(properties) == 1 and next(iter(properties.values())).get("type") == "string":
+            return t.name, next(iter(properties))
+    return None
+
+
+def _look_up(lookup: tuple[str, str], last: AnyMessage) -> Any:
+    """A subagent's turn: look up what it was asked, then report what it found."""
     if isinstance(last, ToolMessage):
         return last.text
-    return {"tool_calls": [{"name": "search_notes", "args": {"query": last.text}}]}
+    name, parameter = lookup
+    return {"tool_calls": [{"name": name, "args": {parameter: last.text}}]}
 
 
 def _start_research(text: str, request: ModelRequest) -> Any:
@@ -174,15 +185,15 @@ def summarise(prompt: str) -> str:
     reports = [(m.group(1), _NOTE.sub("", text)) for role, text in turns
                if role == "Human" and (m := _NOTE.match(text))]
     answers = [text for role, text in turns if role == "AI" and text and not text.startswith("[called")]
-    bullets = [f"The user asked: {_short(text, 100)}" for text in asked[-3:]]
+    bullets = [f"The user asked: {_short(_POLITE.sub('', text), 100)}" for text in asked[-3:]]
     bullets += [f"The {who} found: {_short(text, 120)}" for who, text in reports[-2:]]
-    if answers:
+    if answers and not reports:
         bullets.append(f"The last answer: {_short(answers[-1], 120)}")
-    bullets.append("Next: pick up from the last answer.")
+    bullets.append("Next: pick up where the thread left off.")
     while len(bullets) < 3:
         bullets.insert(-1, f"The thread had {len(turns)} message{'s' * (len(turns) != 1)}.")
     title = _title(asked[0] if asked else "the conversation")
-    tldr = _short(reports[-1][1] if reports else answers[-1] if answers else title, 100)
+    tldr = _short(_first_sentence(reports[-1][1] if reports else answers[-1] if answers else title), 100)
     return "\n".join([f"Title: {title}", *(f"- {b}" for b in bullets[-6:]), f"TL;DR: {tldr}"])
 
 
@@ -196,6 +207,10 @@ def _title(request: str) -> str:
     words = _POLITE.sub("", request).rstrip(" ?.!").split()
     title = " ".join(words[:7]) + (" …" if len(words) > 7 else "")
     return title[:1].upper() + title[1:]
+
+
+def _first_sentence(text: str) -> str:
+    return re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
 
 
 def _short(text: str, limit: int) -> str:
