@@ -1,20 +1,9 @@
 # examples/subagents.py: a supervisor with a researcher in the background and a critic in the foreground
 import asyncio
 
-from backchannel import LocalRuntime, SubAgent, create_deep_agent, tool
+from mytools import search  # a tool that looks things up in a few notes
 
-NOTES = {"tea": "Tea was first drunk in China, about 2700 BC.", "coffee": "Coffee was first brewed in Yemen."}
-
-
-@tool
-def search(query: str) -> str:
-    """Search the notes.
-
-    Args:
-        query: What to look for.
-    """
-    return " ".join(fact for subject, fact in NOTES.items() if subject in query.lower()) or "Nothing found."
-
+from backchannel import LocalRuntime, SubAgent, create_deep_agent
 
 supervisor = create_deep_agent(
     "offline",  # a scripted stand-in that needs no key; or "openai:gpt-4o-mini", "anthropic:...", ...

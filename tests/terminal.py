@@ -28,6 +28,18 @@ model = "chat_script:researcher"
 background = true
 """
 
+# A chat whose background subagent logs and warns while the person is at the prompt.
+NOISY = """\
+model = "chat_script:supervisor"
+
+[[subagents]]
+name = "noisy"
+description = "Makes noise"
+model = "chat_script:noisy"
+tools = ["chat_script:noisy_tool"]
+background = true
+"""
+
 
 def chat_env(home: Path) -> dict[str, str]:
     """The environment of a chat run: its own home, the scripted models importable, no real model keys."""

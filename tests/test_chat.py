@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from terminal import BACKCHANNEL, Terminal, chat_env, write_config
+from terminal import BACKCHANNEL, NOISY, Terminal, chat_env, write_config
 
 from backchannel.runtime import LocalRuntime
 
@@ -378,18 +378,6 @@ def test_the_preview_says_what_was_cut_beyond_six_bullets(chat):
     t.expect(r"Point number 6\.")
     t.expect(r"left out \(beyond 6 bullets\): Point number 7\.; Point number 8\.")
     t.expect(r"preview only: nothing changed")
-
-
-NOISY = """\
-model = "chat_script:supervisor"
-
-[[subagents]]
-name = "noisy"
-description = "Makes noise"
-model = "chat_script:noisy"
-tools = ["chat_script:noisy_tool"]
-background = true
-"""
 
 
 def test_warnings_print_above_the_prompt_and_verbose_shows_the_librarys_log_lines(chat, home):

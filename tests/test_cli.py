@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from terminal import BACKCHANNEL, chat_env, write_config
+from terminal import BACKCHANNEL, NOISY, chat_env, write_config
 
 from backchannel import __version__
 
@@ -121,18 +121,6 @@ def test_serve_refuses_a_model_it_cannot_use_at_start_up(tmp_path):
 def test_an_unknown_thread_is_a_clear_error(tmp_path):
     result = cli(tmp_path, "threads", "show", "nope", "--database", f"sqlite:///{tmp_path}/x.db")
     assert result.returncode == 1 and "error: no thread's id starts with 'nope'" in flat(result.stderr)
-
-
-NOISY = """\
-model = "chat_script:supervisor"
-
-[[subagents]]
-name = "noisy"
-description = "Makes noise"
-model = "chat_script:noisy"
-tools = ["chat_script:noisy_tool"]
-background = true
-"""
 
 
 def test_warnings_always_show_and_verbose_or_backchannel_log_show_info_lines(tmp_path):
