@@ -659,7 +659,7 @@ async def test_a_json_schema_tool_with_a_runtime_leaves_the_models_arguments_as_
         return "found"
 
     given = {"key": "k"}
-    schema_tool = Tool(lookup, name="lookup", args_schema={"type": "object", "properties": {"key": {"type": "string"}},
-                                                           "required": ["key"]})
+    schema_tool = Tool(lookup, name="lookup", description="Look a key up.",
+                       args_schema={"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]})
     assert await schema_tool.ainvoke(given, ToolRuntime(None, None, "a", "c", {})) == "found"
     assert given == {"key": "k"} and seen == {"key": "k"}  # the runtime went to the function, not into the args

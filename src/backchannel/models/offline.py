@@ -5,9 +5,9 @@ that every part of backchannel can be tried before a real model is set up.
 
 - Asked to research something, it starts a background subagent with
   ``start_async_task`` (the ``researcher`` if there is one).
-- Given a tool that takes one string (as a subagent: ``search_notes``, a
-  small offline knowledge base, or your own search), it calls it with what it
-  was asked and reports the result.
+- Given a search tool (named ``*search*`` or ``*lookup*``, taking one string:
+  ``search_notes``, a small offline knowledge base, or your own) and no
+  subagents, it calls it with what it was asked and reports the result.
 - When a task reports back, it passes the result on.
 - Asked to summarise (a handoff, a compaction), it summarises the thread from
   its messages: a title, 3 to 6 bullets, a TL;DR.
@@ -108,10 +108,11 @@ def _introduction() -> str:
 
 
 def _lookup_tool(request: ModelRequest) -> tuple[str, str] | None:
-    """``(tool, parameter)`` of the first tool taking one string, what a subagent looks things up with."""
+    """``(tool, parameter)`` of the first search tool taking one string: what a researcher looks things up with."""
     for t in request.tools:
         properties = t.parameters.get("properties") or {}
-        if len(properties) == 1 and next(iter(properties.values())).get("type") == "string":
+        if (("search" in t.name or "lookup" in t.name) and len(properties) == 1
+                and next(iter(properties.values())).get("type") == "string"):
             return t.name, next(iter(properties))
     return None
 
