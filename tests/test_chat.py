@@ -455,3 +455,35 @@ def test_the_readme_transcript_is_what_a_new_user_gets(tmp_path):
         assert t.wait_exit() == 0
     finally:
         t.close()
+
+
+def test_a_handoff_left_waiting_is_offered_when_the_thread_is_opened_again(chat, home):
+    first = chat()
+    first.type("hello there")
+    first.expect(r"You said: hello there")
+    first.type("/quit")
+    assert first.wait_exit() == 0
+
+    async def propose_and_leave() -> str:  # as when the chat was closed while a summary waited for its decision
+        from backchannel.config import build_chat_agent, load_config, load_model
+        from backchannel.handoff import propose_handoff
+
+        config = load_config(home / ".backchannel" / "config.toml")  # the chat's own agent, as the chat builds it
+        agent = build_chat_agent(config, load_model(config.model), home=home / ".backchannel")
+        async with LocalRuntime(f"sqlite:///{home}/state.db", agents={"agent": agent}) as rt:
+            [thread] = await rt.threads.search(metadata={"graph_id": "agent"})
+            await propose_handoff(rt, thread["thread_id"], "agent")
+            return thread["thread_id"]
+
+    thread_id = asyncio.run(propose_and_leave())
+    again = Terminal(["--thread", thread_id[:8], "--database", f"sqlite:///{home}/state.db"], home)
+    try:
+        again.expect(r"a handoff summary proposed earlier waits for your decision")
+        again.expect(r"TL;DR: Tea began in China\.")
+        again.expect(r"accept, edit or reject\? \[a/e/r\]")
+        again.type("a")
+        again.expect(r"continuing in a new thread [0-9a-f]{8}")
+        again.type("where were we?")
+        again.expect(r"agent › From my notes: Tea research\.")
+    finally:
+        again.close()
