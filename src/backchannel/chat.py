@@ -692,7 +692,7 @@ def _command_completer() -> Any:
     return CommandCompleter()
 
 
-async def run_chat(*, model: str | None, config_file: str | None, store: str | None, thread_id: str | None,
+async def run_chat(*, model: str | None, config_file: str | None, database: str | None, thread_id: str | None,
                    console: Console, url: str | None = None) -> int:
     """``backchannel chat``: the configured agent on the embedded runtime, or with ``url`` the assistant of
     that name on a server (a :class:`~backchannel.runtime.remote.RemoteRuntime`).
@@ -722,7 +722,7 @@ async def run_chat(*, model: str | None, config_file: str | None, store: str | N
 
     chosen = resolve_model(model, config.model)
     agent = build_chat_agent(config, load_model(chosen or OFFLINE))
-    store = store or config.database or DEFAULT_STORE
+    store = database or config.database or DEFAULT_STORE
     async with LocalRuntime(store, agents={config.agent: agent}) as rt:
         if thread_id is not None:  # a clear error for an unknown id, before the screen is set up
             thread_id = await find_thread(rt, thread_id)

@@ -194,10 +194,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="show the library's log lines (also: BACKCHANNEL_LOG=info or debug)")
         return p
 
-    def database(p: argparse.ArgumentParser, default: str | None, shown: str) -> None:
+    def database(p: argparse.ArgumentParser, default: str | None) -> None:
+        """``--database``, the same for every command; without a default, the configuration's is used."""
         where = "where state lives: sqlite:///path or postgresql://..."
         p.add_argument("--database", default=default, metavar="URL",
-                       help=where if default is not None else f"{where} (default: {shown})")
+                       help=where if default else f"{where} (default: the configuration's, else {DEFAULT_STORE})")
         p.add_argument("--store", dest="database", help=argparse.SUPPRESS)  # the older name
 
     model_help = "provider:name (openai:gpt-4o-mini), module:attribute, or offline"
@@ -208,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
                                                                    "are enough)")
     chat.add_argument("--config", default=None, metavar="PATH", help="configuration file (default: "
                                                                      "~/.backchannel/config.toml)")
-    database(chat, None, f"the configuration's, else {DEFAULT_STORE}")
+    database(chat, None)
     chat.add_argument("--url", default=None, help="chat with the assistant of a backchannel server instead "
                                                   "(the configuration's agent name; API key from BACKCHANNEL_API_KEY)")
 
@@ -216,7 +217,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question for the supervisor")
     demo.add_argument("--model", default=None, help=f"{model_help} (default: BACKCHANNEL_MODEL, a provider whose "
                                                     "API key is set, else offline scripted models)")
-    database(demo, DEMO_DATABASE, DEMO_DATABASE)
+    database(demo, DEMO_DATABASE)
     demo.add_argument("--web", action="store_true", help="serve the demo as a web page instead")
     demo.add_argument("--port", type=int, default=8123, help="the web page's port (with --web)")
     demo.add_argument("--no-browser", action="store_true", help="don't open a browser (with --web)")
@@ -229,7 +230,7 @@ def _parser() -> argparse.ArgumentParser:
                                                                   "are enough)")
     run.add_argument("--config", default=None, metavar="PATH", help="configuration file (default: "
                                                                     "~/.backchannel/config.toml)")
-    database(run, None, f"the configuration's, else {DEFAULT_STORE}")
+    database(run, None)
     run.add_argument("--url", default=None, help="ask an assistant on this server instead")
     run.add_argument("--assistant", default="agent", help="the server's assistant to ask (with --url)")
 
@@ -237,13 +238,13 @@ def _parser() -> argparse.ArgumentParser:
     threads.add_argument("action", nargs="?", default="list", choices=["list", "show", "tree", "delete"],
                          help="what to do")
     threads.add_argument("thread_id", nargs="?", metavar="ID", help="the thread (its first characters are enough)")
-    database(threads, DEFAULT_STORE, DEFAULT_STORE)
+    database(threads, DEFAULT_STORE)
     threads.add_argument("--url", default=None, help="a backchannel or LangGraph server to work on instead")
 
     serve = command("serve", "serve agents over the LangGraph HTTP API")
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     serve.add_argument("--port", type=int, default=8123, help="the port to listen on")
-    database(serve, DEFAULT_STORE, DEFAULT_STORE)
+    database(serve, DEFAULT_STORE)
     serve.add_argument("--agents", nargs="+", default=[], metavar="[ID=]MODULE:ATTR",
                        help="agents to serve, e.g. myapp.agents:supervisor (default: a deep agent on --model)")
     serve.add_argument("--model", default=None, help=f"{model_help}: the model of the default agent and of --demo "
@@ -392,7 +393,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     if args.command == "chat":
         from backchannel.chat import run_chat
 
-        return asyncio.run(run_chat(model=args.model, config_file=args.config, store=args.database,
+        return asyncio.run(run_chat(model=args.model, config_file=args.config, database=args.database,
                                     thread_id=args.thread, console=console, url=args.url))
     if args.command == "demo":
         label = resolve_model(args.model)
