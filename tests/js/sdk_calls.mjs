@@ -183,6 +183,28 @@ await check("threads.delete", async () => {
   await assert.rejects(client.threads.get(doomed.thread_id), /404|not found/i);
 });
 
+await check("threads.joinStream (every run of the thread)", async () => {
+  const followed = (await client.threads.create()).thread_id;
+  const abort = new AbortController();
+  const seen = [];
+  const following = (async () => {
+    try {
+      for await (const part of client.threads.joinStream(followed, { signal: abort.signal })) seen.push(part);
+    } catch (error) {
+      if (error?.name !== "AbortError") throw error;
+    }
+  })();
+  await sleep(300);
+  const run = await client.runs.create(followed, "echo", { input: user("followed") });
+  for (let i = 0; i < 200 && !seen.some((p) => p.data?.status === "run_done"); i += 1) await sleep(25);
+  abort.abort();
+  await following;
+  assert.equal(seen[0].event, "metadata");
+  assert.equal(seen[0].data.run_id, run.run_id);
+  assert.ok(seen.some((p) => p.event === "values"));
+  assert.deepEqual(seen.at(-1).data, { status: "run_done", run_id: run.run_id });
+});
+
 // -- store ------------------------------------------------------------------------------------------
 await check("store.putItem + getItem", async () => {
   await client.store.putItem(["js", "prefs"], "theme", { color: "dark" });

@@ -34,9 +34,10 @@ from backchannel.protocols import (
 )
 from backchannel.runtime._select import ASSISTANT_FIELDS, RUN_FIELDS, STATE_FIELDS, THREAD_FIELDS, selected
 from backchannel.runtime.checkpoints import Checkpointer
+from backchannel.runtime.follow import THREAD_STREAM_MODES, Follower, ThreadStreamMode
 from backchannel.runtime.inbox import notification_in
 from backchannel.runtime.mail import Mail
-from backchannel.runtime.modes import StreamMapper, wants_values
+from backchannel.runtime.modes import wants_values
 from backchannel.runtime.queue import NewRun, RunQueue
 from backchannel.runtime.registry import Registry
 from backchannel.runtime.rows import CheckpointRow, RunRow, RunStatus, ThreadRow, ThreadStatus
@@ -57,7 +58,6 @@ from backchannel.runtime.wire import (
     checkpoint_id_of,
     checkpoint_metadata,
     input_update,
-    render_error,
     render_item,
     render_run,
     render_state,
@@ -159,8 +159,9 @@ class ThreadsClient:
     """Threads: conversations with their state, history and metadata."""
 
     def __init__(self, open: Opener, storage: Storage, checkpoints: Checkpointer, registry: Registry,
-                 queue: RunQueue) -> None:
+                 queue: RunQueue, follower: Follower) -> None:
         self._open = open
+        self._follower = follower
         self._storage = storage
         self._checkpoints = checkpoints
         self._registry = registry
@@ -276,6 +277,24 @@ class ThreadsClient:
         ref = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": written.checkpoint_id}
         return {"checkpoint": ref, "configurable": ref, "checkpoint_id": written.checkpoint_id}
 
+    def join_stream(self, thread_id: str, *, last_event_id: str | None = None,
+                    stream_mode: ThreadStreamMode | Sequence[ThreadStreamMode] = "run_modes",
+                    headers: Headers = None, params: Params = None) -> AsyncIterator[StreamPart]:
+        """Follow every run of the thread from now on (``run_modes``: each run's parts in its own modes;
+        ``lifecycle``: only when each starts and ends), until the caller stops."""
+        modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
+        unknown = [m for m in modes if m not in THREAD_STREAM_MODES]
+        if unknown:
+            raise InvalidRequestError(f"unknown thread stream_mode {unknown[0]!r:.80}; use one of "
+                                      f"{list(THREAD_STREAM_MODES)}")
+        _refuse(last_event_id=last_event_id)
+        return self._join_stream(thread_id, modes)
+
+    async def _join_stream(self, thread_id: str, modes: Sequence[ThreadStreamMode]) -> AsyncIterator[StreamPart]:
+        await self.row(thread_id)  # 404 for an unknown thread
+        async for part in self._follower.thread(thread_id, modes):
+            yield part
+
     async def get_history(self, thread_id: str, *, limit: int = 10, before: str | Checkpoint = None,
                           metadata: Mapping[str, Any] | None = None, checkpoint: Checkpoint = None,
                           select: Sequence[str] | None = None, headers: Headers = None,
@@ -314,8 +333,9 @@ class RunsClient:
     """Runs: one agent execution on a thread, queued, streamed, awaited or cancelled."""
 
     def __init__(self, open: Opener, storage: Storage, registry: Registry, streams: Streams, queue: RunQueue,
-                 mail: Mail, threads: ThreadsClient) -> None:
+                 mail: Mail, threads: ThreadsClient, follower: Follower) -> None:
         self._open = open
+        self._follower = follower
         self._storage = storage
         self._registry = registry
         self._streams = streams
@@ -444,7 +464,7 @@ class RunsClient:
                       cancel_on_disconnect: bool) -> AsyncIterator[StreamPart]:
         run = await self._create(thread_id, assistant_id, options, watched=True)
         try:
-            async for part in self._follow(run, None, 0):
+            async for part in self._follower.run(run, None, 0):
                 yield part
         except (GeneratorExit, asyncio.CancelledError):
             if cancel_on_disconnect:  # the reader went away: so does the run
@@ -475,31 +495,12 @@ class RunsClient:
                               and stream.finished):
             return
         try:
-            async for part in self._follow(render_run(row), modes, after, with_metadata=False):
+            async for part in self._follower.run(render_run(row), modes, after, with_metadata=False):
                 yield part
         except (GeneratorExit, asyncio.CancelledError):
             if cancel_on_disconnect:  # the reader went away: so does the run
                 await self._cancel_quietly(render_run(row))
             raise
-
-    async def _follow(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, *,
-                      with_metadata: bool = True) -> AsyncIterator[StreamPart]:
-        """The parts of a run's stream (``run`` as :func:`render_run` gives it)."""
-        stream = self._streams.get(run["run_id"])
-        if stream is None:
-            return
-        kwargs = run["kwargs"]
-        modes = modes or kwargs.get("stream_mode") or ["values"]
-        events = stream.follow(after, values=wants_values(modes))
-        if with_metadata:
-            yield StreamPart("metadata", {"run_id": run["run_id"], "attempt": 1})
-        mapper = StreamMapper(modes, subgraphs=bool(kwargs.get("stream_subgraphs")),
-                              metadata={k: v for k, v in run["metadata"].items() if k != "assistant_id"})
-        async for event in events:
-            for part in mapper.parts(event):
-                yield part
-        if stream.status == "error" and stream.error:  # LangGraph sends no error event for a timeout
-            yield StreamPart("error", render_error(stream.error))
 
     async def _cancel_quietly(self, run: Mapping[str, Any]) -> None:
         row = await self._storage.get_run(run["run_id"])

@@ -31,6 +31,7 @@ from backchannel.runtime.backends import DEFAULT_STORE, open_storage
 from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer
 from backchannel.runtime.clients import AssistantsClient, RunsClient, StoreClient, ThreadsClient
 from backchannel.runtime.executor import Executor
+from backchannel.runtime.follow import Follower
 from backchannel.runtime.mail import Mail
 from backchannel.runtime.metrics import RunMetrics
 from backchannel.runtime.outbox import Outbox
@@ -90,9 +91,10 @@ class LocalRuntime:
         self.recovery = Recovery(self.storage, self.scheduler, self.mail, worker_id=self.worker_id,
                                  heartbeat_interval=heartbeat_interval, lease=lease)
         self.assistants = AssistantsClient(self.registry)
-        self.threads = ThreadsClient(self.open, self.storage, self.checkpoints, self.registry, self.queue)
+        follower = Follower(self.storage, self.streams)
+        self.threads = ThreadsClient(self.open, self.storage, self.checkpoints, self.registry, self.queue, follower)
         self.runs = RunsClient(self.open, self.storage, self.registry, self.streams, self.queue, self.mail,
-                               self.threads)
+                               self.threads, follower)
         self.store = StoreClient(self.open, self.storage)
         self.outbox = Outbox(self.store, self.spawn)
         self._background: list[asyncio.Task[None]] = []  # the scheduler, heartbeats, take-overs

@@ -115,7 +115,9 @@ class Mail:
                 raise InvalidRequestError(f"thread {thread_id!r} has never run an assistant; cannot wake it")
         # (the queue reads the thread anyway, and says NotFoundError if it is gone)
         graph_id = self.registry.graph_id_of(assistant_id)
-        row = await self.queue.create(thread_id, graph_id, NewRun(multitask_strategy="enqueue", wake=True))
+        # Resumable: no one created it to watch it, so a UI that learns of it late can still replay it.
+        wake_up = NewRun(multitask_strategy="enqueue", wake=True, stream_resumable=True)
+        row = await self.queue.create(thread_id, graph_id, wake_up)
         self._waking[thread_id] = row.run_id
 
     async def wake_all(self) -> None:

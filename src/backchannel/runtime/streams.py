@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from backchannel.events import Event, EventBus
@@ -43,6 +43,12 @@ class RunStream:
         self._awaited = watched  # its creator will follow it: keep its events until then
         if resumable or watched:  # a run somebody follows from its creation records from the start
             self.keep_events()
+
+    def expect_follower(self, *, values: bool) -> None:
+        """Somebody will follow this run (a thread's follower): keep its events from now until they do."""
+        self.bus.wants_values = self.bus.wants_values or values
+        self._awaited = True
+        self.keep_events()
 
     def keep_events(self) -> None:
         """Record the run's events from now on (a reader follows, or another process relays them)."""
@@ -134,6 +140,21 @@ class Streams:
         self.kept = kept
         self._streams: dict[str, RunStream] = {}
         self._finished: deque[str] = deque()  # ids of ended runs whose streams are kept, oldest first
+        self._thread_watchers: dict[str, list[Callable[[RunRow, RunStream], None]]] = {}
+
+    def watch_thread(self, thread_id: str, watcher: Callable[[RunRow, RunStream], None]) -> Callable[[], None]:
+        """Call ``watcher`` with each new run of the thread and its stream, as the stream is made (before
+        the run can start); returns the function that stops watching."""
+        self._thread_watchers.setdefault(thread_id, []).append(watcher)
+
+        def stop() -> None:
+            watchers = self._thread_watchers.get(thread_id, [])
+            if watcher in watchers:
+                watchers.remove(watcher)
+            if not watchers:
+                self._thread_watchers.pop(thread_id, None)
+
+        return stop
 
     def new(self, row: RunRow, *, watched: bool = False) -> RunStream:
         """The event stream of a new run; ``watched`` when its creator follows it from the start."""
@@ -141,6 +162,8 @@ class Streams:
         stream = RunStream(row.run_id, resumable=resumable, watched=watched,
                            values=(resumable or watched) and wants_values(row.kwargs.get("stream_mode") or ()))
         self._streams[row.run_id] = stream
+        for watcher in self._thread_watchers.get(row.thread_id, ()):
+            watcher(row, stream)
         return stream
 
     def add(self, stream: RunStream) -> None:

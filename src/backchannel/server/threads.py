@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from starlette.requests import Request
 from starlette.responses import Response
 
+from backchannel.protocols import StreamPart
 from backchannel.server.routing import Endpoint, JSONResponse, Query, dump, query_int, read_body, runtime_of
 from backchannel.server.schemas import (
     HistorySearch,
@@ -15,6 +18,7 @@ from backchannel.server.schemas import (
     ThreadPatch,
     ThreadSearch,
 )
+from backchannel.server.sse import StreamingBody, encode_event, event_stream
 
 __all__ = ["ENDPOINTS"]
 
@@ -84,6 +88,23 @@ async def search_history(request: Request) -> Response:
                                                                       **dump(body, exclude=("checkpoint",))))
 
 
+async def join_thread_stream(request: Request) -> StreamingBody:
+    rt = runtime_of(request)
+    thread_id = request.path_params["thread_id"]
+    await rt.threads.get(thread_id)  # 404 for an unknown thread, before the response starts
+    # The SDKs send stream_mode (repeated, or comma-separated); LangGraph's server reads stream_modes.
+    raw = request.query_params.getlist("stream_mode") + request.query_params.getlist("stream_modes")
+    modes = [m.strip() for value in raw for m in value.split(",") if m.strip()] or ["run_modes"]
+    parts = rt.threads.join_stream(thread_id, stream_mode=modes,
+                                   last_event_id=request.headers.get("last-event-id") or None)
+    return event_stream(request, _thread_events(parts))
+
+
+async def _thread_events(parts: AsyncIterator[StreamPart]) -> AsyncIterator[bytes]:
+    async for part in parts:
+        yield encode_event(part, with_id=False)
+
+
 _THREAD = {200: "The thread", 404: "Thread not found"}
 _STATE = {200: "The thread's state", 404: "Thread or checkpoint not found", 422: "Invalid request"}
 _SELECT_STATE = {"select": Query(description="Fields to return (repeated): values, next, tasks, ..., or values.<key>")}
@@ -114,6 +135,12 @@ ENDPOINTS = [
     Endpoint("GET", "/threads/{thread_id}/history", get_history, "A thread's checkpoints, newest first",
              query={"limit": Query("integer"), "before": Query(description="A checkpoint id")},
              responses={200: "States", 404: "Thread or checkpoint not found", 422: "Invalid query"}),
+    Endpoint("GET", "/threads/{thread_id}/stream", join_thread_stream,
+             "Follow every run of the thread from now on, wake-up runs too (until the client leaves)", query={
+                 "stream_mode": Query(description="run_modes (each run's parts, the default) or lifecycle (when "
+                                                  "each run starts and ends); repeated or comma-separated")},
+             responses={200: "Server-sent events: per run, metadata, its parts, metadata {status: run_done}",
+                        404: "Thread not found", 422: "Invalid stream mode"}, media_type="text/event-stream"),
     Endpoint("POST", "/threads/{thread_id}/history", search_history, "A thread's checkpoints, newest first",
              HistorySearch, responses={200: "States", 404: "Thread or checkpoint not found",
                                        422: "Invalid request"}),
