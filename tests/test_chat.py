@@ -66,6 +66,7 @@ def test_a_conversation_with_a_background_task_that_reports_back_by_itself(chat)
     t.expect(r"📬 researcher finished: Tea was first drunk in China, about 2700 BC\.")
     t.expect(r"agent › The researcher reports: Tea was first drunk in China")
     t.screen_shows(r"researcher\s+success\s+0:0[1-9]")
+    t.screen_shows(r"background tasks · all reported")  # the last pending task has been heard
     t.screen_shows(r"› what about")  # the half-typed line survived the notification
     t.type("coffee")
     t.expect(r"agent › You said: what about coffee")

@@ -430,6 +430,34 @@ async def test_the_iteration_limit_stops_a_supervisor_that_starts_a_task_for_eve
             await asyncio.wait_for(agent.ainvoke("go", thread_id="t1"), 10)
 
 
+async def test_the_stream_tells_once_when_the_last_pending_task_has_been_heard():
+    """One ``drained`` task event, when the supervisor has heard its last pending task and none remain."""
+    def boss(request):
+        if isinstance(request.messages[-1], HumanMessage) and not is_note(request.messages[-1]):
+            return {"tool_calls": [start("researcher", "quick", "s1"), start("analyst", "slow", "s2")]}
+        return "noted"
+
+    agent = create_deep_agent(
+        policy(boss), general_purpose=False, completion="wait", name="supervisor",
+        subagents=[researcher(ScriptedModel(["quick result"], latency=0.05)),
+                   SubAgent("analyst", "Analyses.", background=True, model=ScriptedModel(["slow result"],
+                                                                                         latency=0.4))])
+    async with LocalRuntime("memory", agents={"supervisor": agent}):
+        stream = agent.astream("go", thread_id="t1")
+        events = [e async for e in stream]
+    tasks = [e for e in events if e.type == "task"]
+    [drained] = [e for e in tasks if e.data.get("event") == "drained"]
+    assert drained.namespace == () and drained.agent == "supervisor"
+    assert drained.data["tasks"] == {tid: "success" for tid in stream.result["async_tasks"]}
+    # after the last task's result was taken in, before the model call that hears it
+    heard = [i for i, e in enumerate(events) if e.type == "updates" and "inbox" in e.data]
+    finishes = [i for i, e in enumerate(events) if e.type == "message" and e.data["event"] == "finish"
+                and not e.namespace]
+    position = events.index(drained)
+    assert heard[-1] < position < finishes[-1]
+    assert all(e.data.get("event") != "drained" for e in events[:heard[-1]])
+
+
 async def test_wait_mode_ends_at_once_when_nothing_is_pending():
     agent = create_deep_agent(ScriptedModel(["nothing to wait for"]), subagents=[researcher(ScriptedModel([]))],
                               general_purpose=False, completion="wait")

@@ -301,7 +301,7 @@ async def test_background_tasks_are_linked_to_their_start_call_in_the_supervisor
         for e in found:
             assert e.data["graph_name"] == segment.split(":")[0]
             assert e.data["cause"] == {"type": "toolCall", "tool_call_id": call_id}
-    task_events = [e for e in events if e.type == "task"]
+    task_events = [e for e in events if e.type == "task" and e.data.get("event") != "drained"]
     assert {e.data["tool_call_id"] for e in task_events} == {"call_bg1", "call_bg2"}
     # The supervisor's own run ends after its tasks (wait mode) and is reported last.
     assert events[-1].type == "lifecycle" and events[-1].namespace == () and events[-1].data["event"] == "completed"

@@ -134,13 +134,19 @@ class TaskBoard:
     def __init__(self) -> None:
         self.rows: dict[str, TaskRow] = {}
         self.todos: list[Mapping[str, Any]] = []  # the agent's plan (write_todos), shown while unfinished
+        self.drained = False  # every task has reported back, and the agent has heard it
 
     def clear(self) -> None:
         self.rows.clear()
         self.todos = []
+        self.drained = False
 
     def on_task(self, task: Mapping[str, Any]) -> None:
-        """A task as ``async_tasks`` stream parts and the thread's ``async_tasks`` state describe it."""
+        """A task as ``async_tasks`` stream parts and the thread's ``async_tasks`` state describe it
+        (or the ``drained`` part: the last pending task has been heard)."""
+        self.drained = task.get("event") == "drained"
+        if self.drained:
+            return
         key = task.get("tool_call_id") or task["task_id"]
         row = self.rows.get(key)
         if row is None:
@@ -163,9 +169,11 @@ class TaskBoard:
         self._set(row, status, None, None)
 
     def load(self, tasks: Mapping[str, Mapping[str, Any]]) -> None:
-        """The tasks in a thread's state (after a restart, a resume, a background run)."""
+        """The tasks in a thread's state (after a restart, a resume, a background run): all reported when
+        none is pending, as the agent's state has heard them."""
         for task in tasks.values():
             self.on_task(task)
+        self.drained = bool(tasks) and not any(t.get("status") in ACTIVE for t in tasks.values())
 
     async def refresh(self, runtime: Any) -> None:
         """Ask the runtime how each unfinished task is doing."""
@@ -191,7 +199,8 @@ class TaskBoard:
         if any(t.get("status") != "completed" for t in self.todos):
             parts += [Text(" plan", style="bold blue"), _plan(self.todos)]
         if rows:
-            parts += [Text(" background tasks", style="bold blue"), self._table(rows, now, ids=False)]
+            title = " background tasks" + (" · all reported" if self.drained and not self.active() else "")
+            parts += [Text(title, style="bold blue"), self._table(rows, now, ids=False)]
         return Group(*parts) if parts else None
 
     def table(self, now: float | None = None) -> RenderableType:

@@ -17,7 +17,9 @@ runs, or by waking it with a new run. With ``completion="wait"`` the
 supervisor's run does not end while tasks are pending: it waits for the next
 notifications (those arriving within :data:`COALESCE_GAP` of each other, for at
 most :data:`COALESCE_MAX`, are taken together) and goes back to the model. Such
-wake-ups don't count towards the agent's ``max_iterations``.
+wake-ups don't count towards the agent's ``max_iterations``. Once the last
+pending task has been heard, the supervisor's stream gets a ``task`` event
+``{"event": "drained", "tasks": {task_id: status}}``.
 """
 
 from __future__ import annotations
@@ -298,7 +300,8 @@ class AsyncSubAgentMiddleware(Middleware):
 
     async def before_model(self, state: Mapping[str, Any], ctx: RunContext) -> dict[str, Any] | None:
         """Record the status carried by notifications that just arrived, and take back the files
-        that finished tasks sharing the workspace wrote."""
+        that finished tasks sharing the workspace wrote; once the last pending task has been heard,
+        say so with a ``drained`` task event."""
         tasks = state.get("async_tasks") or {}
         updates: dict[str, Any] = {}
         files: dict[str, Any] = {}
@@ -313,6 +316,9 @@ class AsyncSubAgentMiddleware(Middleware):
                 files.update(await self._files_of(ctx, task, {**(state.get(FILES_KEY) or {}), **files}))
         if not updates:
             return None
+        statuses = {task_id: updates.get(task_id, task)["status"] for task_id, task in tasks.items()}
+        if not _ACTIVE.intersection(statuses.values()):
+            ctx.emit("task", {"event": "drained", "tasks": statuses})
         return {"async_tasks": updates, **({FILES_KEY: files} if files else {})}
 
     async def after_agent(self, state: Mapping[str, Any], ctx: RunContext) -> dict[str, Any] | None:

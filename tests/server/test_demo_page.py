@@ -253,6 +253,7 @@ def test_the_seed_001_demo_in_a_browser(browser, tmp_path):
         # a comment per researcher's result (two arriving together may share a reply)
         assert sum(r.count("is back:") for r in replies) == 2 and replies[0].startswith("I've put two researchers")
         assert len(chat_texts(browser, ".dispatch li")) == 3  # the three start_async_task calls
+        assert browser.find_element(By.ID, "task-count").text == "all 3 reported back"  # the stream said so
         assert not browser.find_element(By.ID, "activity").is_displayed()
 
         # A card shows its task's result on click: the subagent's answer, from its thread's state.

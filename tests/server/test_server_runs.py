@@ -271,3 +271,29 @@ async def test_unknown_thread_and_assistant_are_404(client):
     run = await client.runs.create("11111111-0000-0000-0000-000000000000", "echo", input=user("x"),
                                    if_not_exists="create")
     assert run["thread_id"] == "11111111-0000-0000-0000-000000000000"
+
+
+async def test_a_supervisors_stream_says_once_when_every_background_task_has_reported(tmp_path):
+    """Over the server too: one ``drained`` event in the ``async_tasks`` mode, after the last result is heard."""
+    from langgraph_sdk import get_client
+    from server_helpers import ThreadServer
+
+    from backchannel.demo import DEFAULT_PROMPT, build_demo
+    from backchannel.runtime import LocalRuntime
+    from backchannel.server import create_app, served
+
+    runtime = LocalRuntime(f"sqlite:///{tmp_path}/state.db", {"supervisor": served(build_demo(latency=0.02))})
+    with ThreadServer(create_app(runtime)) as live:
+        client = get_client(url=live.url, api_key=None)
+        try:
+            thread = await client.threads.create()
+            parts = [(p.event, p.data) async for p in client.runs.stream(
+                thread["thread_id"], "supervisor", input=user(DEFAULT_PROMPT), stream_mode=["async_tasks"])]
+        finally:
+            await client.http.client.aclose()
+    tasks = [data for event, data in parts if event == "async_tasks"]
+    drained = [i for i, data in enumerate(tasks) if data.get("event") == "drained"]
+    assert len(drained) == 1
+    statuses = tasks[drained[0]]["tasks"]
+    assert len(statuses) == 3 and set(statuses.values()) == {"success"}
+    assert {t["task_id"] for t in tasks[:drained[0]] if t.get("status") == "success"} == set(statuses)

@@ -15,6 +15,7 @@ const KEY_STORE = "backchannel-api-key";
 
 const $ = (id) => document.getElementById(id);
 const chat = {threadId: null, streaming: 0, following: false, typing: null, seenRuns: new Set(),
+              drained: false,  // the supervisor has heard its last pending task
               requests: new AbortController()};  // aborted when the page leaves the conversation
 const cards = new Map();  // task_id -> card
 const byCall = new Map();  // id of the tool call that started a task -> task_id
@@ -191,6 +192,7 @@ function newConversation() {
   chat.requests = new AbortController();
   setThread(null);
   chat.seenRuns.clear();
+  chat.drained = false;
   cards.clear();
   byCall.clear();
   early.clear();
@@ -209,6 +211,7 @@ function onPart(event, data) {
   else if (mode === "messages" && !namespace.length) onMessageChunk(data[0]);
   else if (mode === "updates" && !namespace.length) onUpdates(data);
   else if (mode === "lifecycle") onLifecycle(data);
+  else if (mode === "async_tasks" && data.event === "drained") onDrained();
   else if (mode === "async_tasks") upsertTask(data);
   else if (mode === "error") showError(new Error(data.message || data.error || "the run failed"));
 }
@@ -444,12 +447,20 @@ function setStatus(card, status, runId, at = Date.now()) {
   if (card.open) loadResult(card);
 }
 
+// The stream's "drained" part: every task has reported back and the supervisor has heard them all.
+function onDrained() {
+  chat.drained = true;
+  updateCount();
+}
+
 function updateCount() {
   const all = [...cards.values()];
   const done = all.filter((c) => RANK[c.status] === 2).length;
   const running = all.filter((c) => c.status === "running").length;
+  if (done < all.length) chat.drained = false;
   $("task-count").textContent = !all.length ? "none yet" :
-    done === all.length ? `all ${all.length} done` : `${done} of ${all.length} done${running ? ` · ${running} running` : ""}`;
+    done < all.length ? `${done} of ${all.length} done${running ? ` · ${running} running` : ""}` :
+    chat.drained ? `all ${all.length} reported back` : `all ${all.length} done`;
   $("no-cards").hidden = all.length > 0;
 }
 
