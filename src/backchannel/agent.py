@@ -232,23 +232,29 @@ class Agent:
         start = int(index or 0)
         model_calls = 0
         woken = False  # after_agent sent a finished run back to the model
+        unheard: list[AnyMessage] = []  # mail taken in that no model call has seen yet
         while True:
             if name == "before_agent":
                 jump = await self._run_hooks(plan, "before_agent", state, ctx, start)
                 name = "after_agent" if jump else "before_model"
             elif name == "before_model":
-                delivered = start == 0 and ctx.inbox is not None and await self._deliver_inbox(plan, state, ctx)
+                arrived = await self._deliver_inbox(plan, state, ctx, unheard) if start == 0 and ctx.inbox else []
+                unheard += arrived
                 if await self._run_hooks(plan, "before_model", state, ctx, start):
                     name, start = "after_agent", 0
                     continue
                 # A finished run woken by mail (task results) is not looping: only the other calls count.
-                if not (woken and delivered):
+                if not (woken and arrived):
                     model_calls += 1
                     limit = ctx.max_iterations or self.max_iterations
                     if model_calls > limit:
                         raise MaxIterationsError(limit)
                 woken = False
                 message = await self._call_model(plan, state, ctx)
+                if unheard:  # heard now: until then it stays in the inbox, for a later run if this one ends
+                    assert ctx.inbox is not None
+                    await ctx.inbox.ack(unheard)
+                    unheard = []
                 name = _stage_after_reply(plan, message)
                 await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)
                 if not name:
@@ -314,15 +320,17 @@ class Agent:
                 return jump
         return None
 
-    async def _deliver_inbox(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> bool:
-        """Add the messages waiting in the inbox to the state; returns whether there were any."""
+    async def _deliver_inbox(self, plan: _Plan, state: dict[str, Any], ctx: RunContext,
+                             taken: Sequence[AnyMessage]) -> list[AnyMessage]:
+        """Add the messages waiting in the inbox (and not ``taken`` in already) to the state; returns them.
+        They are acknowledged once a model call has heard them."""
         assert ctx.inbox is not None
-        arrived = ctx.inbox.drain()
+        seen = {m.id for m in taken}
+        arrived = [m for m in ctx.inbox.drain() if m.id not in seen]
         if arrived:
             ctx.trace.took_notifications(ctx, arrived)
             await self._apply(plan, state, ctx, "inbox", {"messages": arrived}, "before_model")
-            await ctx.inbox.ack(arrived)
-        return bool(arrived)
+        return arrived
 
     async def _call_model(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> AIMessage:
         request = ModelRequest(plan.model, state["messages"], plan.system_prompt, plan.tool_list,
