@@ -272,6 +272,91 @@ async def _run_finished(rt, task):
     return (await rt.runs.get(task["task_id"], task["run_id"]))["status"] == "success"
 
 
+@pytest.mark.parametrize("ending, store", [
+    *[(ending, "memory") for ending in ("success", "error", "cancel", "interrupt", "iteration limit")],
+    ("error", "sqlite"), ("iteration limit", "sqlite"), ("cancel", "postgres")])
+async def test_a_result_delivered_during_a_run_is_heard_once_however_the_run_ends(ending, store, request, tmp_path):
+    """Seed 000: a notification that reaches the supervisor's thread while its run goes on is heard exactly
+    once, by that run or by a wake-up run after it, whether the run succeeds, fails, is cancelled, stops for
+    a human, or reaches its iteration limit."""
+    from backchannel import ModelError
+
+    heard: list[str] = []  # task ids, each time a supervisor model call finds a notification new to it
+    replies = 0
+
+    @tool
+    def ask() -> str:
+        """Ask the user."""
+        return interrupt("go on?")
+
+    @tool
+    async def fidget() -> str:
+        """Nothing useful."""
+        return "fidgeted"
+
+    def boss(request):
+        nonlocal replies
+        replies += 1
+        fresh = []
+        for m in reversed(request.messages):
+            if m.type == "ai":
+                break
+            if is_note(m):
+                fresh.append(m.additional_kwargs["task_notification"]["task_id"])
+        heard.extend(fresh)
+        if fresh:
+            return "Relay: " + ", ".join(fresh)
+        last = request.messages[-1]
+        if isinstance(last, HumanMessage):
+            return {"tool_calls": [start("researcher", "find it", "s1")]}
+        if isinstance(last, ToolMessage) and last.name == "start_async_task":
+            # This call takes 1 s: the task ends and its notification reaches the thread meanwhile.
+            return {"success": "Started it.", "error": ModelError("the model's provider is down"),
+                    "cancel": "never seen: cancelled first", "interrupt": {"tool_calls": [call("ask", {}, "a1")]},
+                    "iteration limit": {"tool_calls": [call("fidget", {}, "f1")]}}[ending]
+        return "Carrying on."
+
+    agent = create_deep_agent(policy(boss, latency=1.0), [ask, fidget], general_purpose=False,
+                              subagents=[researcher(ScriptedModel(["The answer is 42."]))],
+                              max_iterations=2 if ending == "iteration limit" else 50)
+    url = {"memory": "memory", "sqlite": f"sqlite:///{tmp_path}/state.db"}.get(store) or \
+        request.getfixturevalue("postgres_url")
+    async with LocalRuntime(url, agents={"supervisor": agent}) as rt:
+        first = await rt.runs.create("t1", "supervisor", input={"messages": [{"role": "user", "content": "go"}]},
+                                     if_not_exists="create")
+        task_id = await wait_until(lambda: _task_id_if_any(rt, "t1"), 10, what="the task to start")
+        await wait_until(lambda: _task_succeeded(rt, task_id), 10, what="the task to finish")
+        if ending == "cancel":
+            await asyncio.sleep(0.1)  # its notification is in the thread; the supervisor's model call goes on
+            await rt.runs.cancel("t1", first["run_id"])
+        ended = await rt.runs.join("t1", first["run_id"])
+        run = await rt.runs.get("t1", first["run_id"])
+        expected = {"success": "success", "error": "error", "cancel": "interrupted", "interrupt": "success",
+                    "iteration limit": "error"}[ending]
+        assert run["status"] == expected, (run, ended)
+        if ending == "interrupt":  # the person answers; the resumed run goes on
+            thread = await rt.threads.get("t1")
+            assert thread["status"] == "interrupted"
+            await rt.runs.wait("t1", "supervisor", command={"resume": "yes"})
+        await wait_until(lambda: heard, 10, what="the supervisor to hear the result")
+        await quiet(rt, "t1")
+        await asyncio.sleep(0.3)  # room for a second delivery to show up
+        await quiet(rt, "t1")
+        messages = await messages_of(rt, "t1")
+    assert heard == [task_id]
+    assert len(notes(messages, task_id)) == 1
+
+
+async def _task_id_if_any(rt, thread_id):
+    values = await values_of(rt, thread_id)
+    return next(iter(values.get("async_tasks") or {}), None)
+
+
+async def _task_succeeded(rt, task_id):
+    runs = await rt.runs.list(task_id)
+    return bool(runs) and runs[0]["status"] == "success"
+
+
 async def test_wait_mode_keeps_the_parents_run_going_until_every_task_reported():
     def boss(request):
         last = request.messages[-1]

@@ -113,7 +113,9 @@ class Executor:
         self.peers.run_ended(row, status, error)
         if row.kwargs.get("webhook"):
             self._call_webhook(row, stream, status, values, error)
-        if status == "success" and has_mail and self._is_open():  # mail came as the run finished: wake it
+        # Mail the run did not hear (it came as the run ended, or the run failed, was cancelled or reached its
+        # limit first) wakes the thread; after a wake-up run that failed, the thread's next run takes it.
+        if has_mail and self._is_open() and (status == "success" or not row.kwargs.get("wake")):
             await self.mail.wake(row.thread_id, row.assistant_id)
 
     def _call_webhook(self, row: RunRow, stream: RunStream, status: RunStatus, values: dict[str, Any] | None,
