@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from browser_helpers import start_chromium
 from server_helpers import ThreadServer, free_port
 
 from backchannel import ScriptedModel
@@ -132,42 +132,15 @@ def test_the_page_files_are_in_the_wheel(tmp_path):
 
 # -- in a real browser ------------------------------------------------------------------------
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--no-first-run", "--window-size=1400,1100")
-
 CARDS_JS = """return [...document.querySelectorAll('.card')].map((c) => ({
   task_id: c.dataset.taskId, subagent: c.dataset.subagent, status: c.dataset.status, history: c.dataset.history,
   description: c.querySelector('.desc').textContent, elapsed: c.querySelector('.elapsed').textContent}));"""
 
 
-def chromium_and_driver() -> tuple[str, str]:
-    """Paths of Chromium and chromedriver; skips the test without them (fails it in CI, which installs them)."""
-    binary = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-    driver = shutil.which("chromedriver")
-    if binary and driver:
-        return binary, driver
-    problem = ("Chromium and chromedriver are not installed: apt-get install -y chromium chromium-driver "
-               "(.ci/run installs them)")
-    if os.environ.get("CI", "").lower() in ("true", "1"):
-        pytest.fail(f"CI must test the web demo in Chromium, but {problem}")
-    pytest.skip(problem)
-
-
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     """Headless Chromium driven by chromedriver (Selenium), on a fresh profile."""
-    binary, driver = chromium_and_driver()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    chrome = webdriver.Chrome(service=Service(driver), options=options)
-    chrome.set_page_load_timeout(30)
+    chrome = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
     yield chrome
     chrome.quit()
 

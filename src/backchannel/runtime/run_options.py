@@ -93,8 +93,9 @@ def check_delay(after_seconds: float | None) -> None:
 
 
 def event_position(last_event_id: str | None) -> int:
-    """The ``seq`` after which a resumed stream goes on: a ``Last-Event-ID`` this runtime sent (0: none)."""
-    if last_event_id is None or last_event_id == "":
+    """The ``seq`` after which a resumed stream goes on: a ``Last-Event-ID`` this runtime sent (0: none;
+    ``-1`` and ``-`` ask for every event, as useStream and LangGraph's server say it)."""
+    if last_event_id is None or last_event_id in ("", "-", "-1"):
         return 0
     if len(last_event_id) > 20 or not last_event_id.isdigit():
         raise InvalidRequestError(f"Last-Event-ID {last_event_id[:40]!r} is not an event id this server sent "
