@@ -6,12 +6,15 @@ checkpoints every step. It ends ``success`` (also when it paused for a human:
 then its thread is ``interrupted``), ``error``, ``timeout``, or ``interrupted``
 when cancelled; that end is recorded in one write. A run stopped because the
 runtime closes records nothing, and is resumed from its last checkpoint by the
-next runtime to open the database.
+next runtime to open the database. When the database refuses the end (a full
+disk), the run's waiters still learn it from its stream, and the end is
+recorded as soon as the database takes writes again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
@@ -20,7 +23,7 @@ from typing import Any
 from backchannel._clock import now_iso
 from backchannel.agent import Agent, describe_error
 from backchannel.context import RunContext
-from backchannel.errors import NotFoundError
+from backchannel.errors import NotFoundError, StorageUnavailableError
 from backchannel.messages import AnyMessage, ToolMessage, messages_from_input, pending_tool_calls
 from backchannel.protocols import HostRuntime
 from backchannel.result import RunResult
@@ -44,6 +47,7 @@ from backchannel.tracing import continued_from
 __all__ = ["Executor"]
 
 _GOTO_STAGES = {"model": "before_model", "tools": "tools", "__end__": "", "end": ""}
+_RETRY_FIRST, _RETRY_LAST = 0.1, 5.0  # seconds between tries to record a run's end the database refused
 
 
 class Executor:
@@ -106,7 +110,8 @@ class Executor:
         if stored is not None:
             stream.final_row = replace(row, status=stored, error=error, updated_at=now_iso())
         if row.kwargs.get("temporary"):
-            await self._drop_temporary(row, stream)
+            with contextlib.suppress(StorageUnavailableError):  # its thread stays, for want of a database
+                await self._drop_temporary(row, stream)
         stream.finish(status, error=error, values=values)
         self.metrics.run_ended(status, time.monotonic() - started)
         self.streams.retire(stream)
@@ -116,7 +121,8 @@ class Executor:
         # Mail the run did not hear (it came as the run ended, or the run failed, was cancelled or reached its
         # limit first) wakes the thread; after a wake-up run that failed, the thread's next run takes it.
         if has_mail and self._is_open() and (status == "success" or not row.kwargs.get("wake")):
-            await self.mail.wake(row.thread_id, row.assistant_id)
+            with contextlib.suppress(StorageUnavailableError):  # the mail waits for the next wake-up
+                await self.mail.wake(row.thread_id, row.assistant_id)
 
     def _call_webhook(self, row: RunRow, stream: RunStream, status: RunStatus, values: dict[str, Any] | None,
                       error: dict[str, Any] | None) -> None:
@@ -233,24 +239,46 @@ class Executor:
     async def _fail(self, row: RunRow, status: RunStatus, error: dict[str, Any]) -> None:
         self.checkpoints.forget(row.thread_id)
         # A thread's error has LangGraph's shape: {"error": <type>, "message": ...}.
-        await self.storage.finish_run(RunEnd(row.run_id, row.thread_id, status, "error", now_iso(), error=error,
-                                             thread_error=render_error(error)))
+        await self._record_end(RunEnd(row.run_id, row.thread_id, status, "error", now_iso(), error=error,
+                                      thread_error=render_error(error)))
+
+    async def _record_end(self, end: RunEnd) -> bool:
+        """Record how a run ended; returns whether mail waits for its thread. If the database refuses it, the
+        end is recorded later, once the database takes writes again (the thread stays busy until then)."""
+        try:
+            return await self.storage.finish_run(end)
+        except StorageUnavailableError:
+            self._spawn(self._record_end_later(end))
+            return False
+
+    async def _record_end_later(self, end: RunEnd) -> None:
+        delay = _RETRY_FIRST
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.storage.finish_run(end)
+            except StorageUnavailableError:
+                delay = min(delay * 2, _RETRY_LAST)
+            else:
+                return
 
     async def _cancelled(self, row: RunRow, action: CancelAction) -> RunStatus:
         self.checkpoints.forget(row.thread_id)
         error = None
         if action == "rollback":
-            await self.storage.delete_checkpoints_of_run(row.thread_id, row.run_id)
+            with contextlib.suppress(StorageUnavailableError):  # then its steps stay: the run is kept, interrupted
+                await self.storage.delete_checkpoints_of_run(row.thread_id, row.run_id)
         else:
             error = {"error": "UserInterrupt",
                      "message": f"interrupt requested via POST /threads/{row.thread_id}/runs/{row.run_id}/cancel"}
         # As in LangGraph, a cancelled run leaves its thread idle: "interrupted" means waiting for a person.
         thread = await self.storage.get_thread(row.thread_id)
         waiting = thread is not None and bool(thread.interrupts)
-        await self.storage.finish_run(RunEnd(row.run_id, row.thread_id, "interrupted",
-                                             "interrupted" if waiting else "idle", now_iso(), thread_error=error))
+        await self._record_end(RunEnd(row.run_id, row.thread_id, "interrupted",
+                                      "interrupted" if waiting else "idle", now_iso(), thread_error=error))
         if action == "rollback":
-            await self.storage.delete_run(row.run_id)
+            with contextlib.suppress(StorageUnavailableError):
+                await self.storage.delete_run(row.run_id)
         return "interrupted"
 
 

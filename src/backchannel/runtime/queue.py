@@ -19,7 +19,7 @@ from typing import Any
 
 from backchannel._clock import now_iso
 from backchannel._ids import assistant_id_for
-from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError
+from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError, StorageUnavailableError
 from backchannel.runtime.checkpoints import Checkpointer, ThreadState
 from backchannel.runtime.modes import interrupt_part
 from backchannel.runtime.peers import Peers
@@ -112,10 +112,12 @@ class RunQueue:
         self.scheduler.queued(row.run_id, context=contextvars.copy_context())
         thread.metadata = {**thread.metadata, "graph_id": graph_id, "assistant_id": row.assistant_id}
         thread.status = "busy"
-        if not (new_thread and await self.storage.create_thread(thread)):
-            await self.storage.update_thread(thread_id, status="busy", metadata=thread.metadata,
-                                             updated_at=row.created_at)
-        await self.storage.create_run(row)
+        try:
+            await self._store(thread, row, new_thread=new_thread)
+        except StorageUnavailableError:
+            self.scheduler.dropped(row.run_id)
+            self.cancel_here(row.run_id, "interrupt")  # its stream ends: the run was never stored
+            raise
         if self.peers.shared and any(r.worker_id != self.worker_id for r in active):
             self.peers.queued(thread_id)  # behind another process's run: it says when that one ends
         if active and strategy in ("interrupt", "rollback"):
@@ -124,6 +126,20 @@ class RunQueue:
                 await self.cancel(other, "interrupt" if strategy == "interrupt" else "rollback", wait=True)
         self.scheduler.kick()
         return row
+
+    async def _store(self, thread: ThreadRow, row: RunRow, *, new_thread: bool) -> None:
+        """Store the run and its thread, busy: in one transaction where the backend groups a tick's writes."""
+        created = False
+        if new_thread:
+            created, _ = await asyncio.gather(self.storage.create_thread(thread), self.storage.create_run(row))
+        else:
+            await asyncio.gather(self._mark_busy(thread, row), self.storage.create_run(row))
+        if new_thread and not created:  # made meanwhile by another request
+            await self._mark_busy(thread, row)
+
+    async def _mark_busy(self, thread: ThreadRow, row: RunRow) -> None:
+        await self.storage.update_thread(thread.thread_id, status="busy", metadata=thread.metadata,
+                                         updated_at=row.created_at)
 
     def _row(self, thread: ThreadRow, graph_id: str, run: NewRun, strategy: str, *, temporary: bool) -> RunRow:
         # A wake-up starts a trace of its own (its notifications link back to their tasks).

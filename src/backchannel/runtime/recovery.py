@@ -13,6 +13,7 @@ gone was taken for dead: it stops its runs, which continue elsewhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -20,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from backchannel._clock import now_iso
+from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.mail import Mail
 from backchannel.runtime.scheduler import Scheduler
 from backchannel.runtime.storage import Storage
@@ -66,14 +68,19 @@ class Recovery:
         # A loop of its own, so no other work delays a heartbeat past the lease.
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            if not await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso()):
+            try:
+                known = await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
+            except StorageUnavailableError:  # the database takes no writes now: the next beat may get through
+                continue
+            if not known:
                 self._stop_runs_taken_over()
 
     async def take_over_forever(self) -> None:
         """On a shared database: take over the runs of processes that died."""
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            await self.recover(opening=False)
+            with contextlib.suppress(StorageUnavailableError):  # try again at the next look
+                await self.recover(opening=False)
 
     def _stop_runs_taken_over(self) -> None:
         """Other processes took this one for dead (it missed its heartbeats) and took its runs: stop them here."""

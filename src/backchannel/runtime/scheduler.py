@@ -17,6 +17,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from backchannel._clock import now_iso
+from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.rows import CancelAction, RunRow
 from backchannel.runtime.storage import RunStorage
@@ -118,7 +119,11 @@ class Scheduler:
             self._wake.clear()
             free = self.max_concurrency - len(self._tasks)
             if free > 0:
-                for row in await self.storage.claim_runs(self.worker_id, free, now_iso()):
+                try:
+                    claimed = await self.storage.claim_runs(self.worker_id, free, now_iso())
+                except StorageUnavailableError:  # the database takes no writes now: look again at the next tick
+                    claimed = []
+                for row in claimed:
                     self._start(row)
             # A timer rather than asyncio.wait_for, which on 3.11 can swallow a cancellation that
             # arrives as the event is set; the timer also starts runs whose after_seconds passed.

@@ -2,9 +2,13 @@
 
 Calls run inline on the event loop: SQLite answers in microseconds, far less
 than handing each call to a thread would cost. Writes of one event-loop tick
-share a transaction (see :attr:`SQLiteStorage.writer`). WAL lets several
-processes open the same file; ``busy_timeout`` makes a writer wait for
-another's lock.
+share a transaction, committed at the end of the tick, and each write returns
+only once that commit is done (a group commit: see :meth:`SQLiteStorage._write`).
+So whatever a caller acknowledges after a write survives a crash, and a commit
+that fails (a full disk, the file deleted under the process) is a
+:class:`~backchannel.errors.StorageUnavailableError` for every write it carried.
+WAL lets several processes open the same file; ``busy_timeout`` makes a writer
+wait for another's lock.
 
 Copying the WAL back into the database (a checkpoint, with two fsyncs) is the
 slowest thing a commit can do. SQLite does it inside the commit that takes the
@@ -17,15 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from backchannel._clock import now_iso
+from backchannel.errors import StorageUnavailableError
 from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
@@ -60,6 +66,8 @@ from backchannel.runtime.storage import Storage, pick_claims
 from backchannel.serde import dumps
 
 __all__ = ["SQLiteStorage"]
+
+logger = logging.getLogger("backchannel")
 
 # Forward migrations, one tuple of statements per schema version (see _migrations.py). Version 1
 # creates the tables with IF NOT EXISTS, so files made before versions were recorded take it as is.
@@ -117,6 +125,10 @@ _OPEN: dict[str, weakref.WeakSet[SQLiteStorage]] = {}  # this process's open sto
 _WAL_LIMIT_PAGES = 10_000  # 40 MiB: SQLite checkpoints inside a commit past this (its default: 1,000 pages)
 _QUIET_SECONDS = 0.2  # writes paused this long: time to checkpoint
 _CHANGES_PER_CHECKPOINT = 1_000  # rows written since the last checkpoint that make one worth its fsyncs
+_LOG_EVERY = 60.0  # seconds: a failing database is logged at most this often
+# SQLite errors that say the database cannot take writes now (rather than that a statement is wrong).
+_UNAVAILABLE = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN",
+                "SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_NOMEM", "SQLITE_PROTOCOL")
 
 
 class SQLiteStorage(Storage):
@@ -129,6 +141,11 @@ class SQLiteStorage(Storage):
         self._last_commit = 0.0
         self._checkpointed_changes = 0  # the connection's total_changes at the last checkpoint
         self._checkpoint_timer: asyncio.TimerHandle | None = None
+        self._waiters: list[asyncio.Future[None]] = []  # writes of the open transaction, answered at its end
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
+        self._failure_logged = False  # a failure was logged, and no commit has worked since
+        self._failure_logged_at = -_LOG_EVERY
+        self._refused: StorageUnavailableError | None = None  # the file is gone: no more writes
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -137,14 +154,15 @@ class SQLiteStorage(Storage):
             raise RuntimeError("the storage is not open")
         return self._db
 
-    @property
-    def writer(self) -> sqlite3.Connection:
-        """The connection inside this tick's transaction.
+    def _begin(self) -> sqlite3.Connection:
+        """The connection inside this tick's transaction, begun (and its commit scheduled) by the tick's first write.
 
         Writes made in one event-loop tick share one transaction, committed at
-        the end of the tick: a commit costs more than the writes it carries. A
-        crash loses at most the writes of the tick it interrupts.
+        the end of the tick: a commit costs more than the writes it carries.
+        Without an event loop each statement commits by itself.
         """
+        if self._refused is not None:
+            raise self._refused
         db = self.db
         if not db.in_transaction:
             # Another storage of this process on the same file would hold the write lock until its
@@ -152,23 +170,123 @@ class SQLiteStorage(Storage):
             for other in _OPEN.get(self.path, ()):
                 if other is not self:
                     other._commit()
-            db.execute("BEGIN IMMEDIATE")
             try:
-                asyncio.get_running_loop().call_soon(self._commit)
-            except RuntimeError:  # no event loop: commit now
-                self._commit()
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no event loop: autocommit
+                return db
+            with self._unavailable():
+                db.execute("BEGIN IMMEDIATE")
+            loop.call_soon(self._commit)
         return db
 
-    def _commit(self) -> None:
+    async def _write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement in this tick's transaction and return, once it is committed, the rows it changed."""
+        db = self._begin()
+        with self._unavailable():
+            changed = db.execute(sql, params).rowcount
+        await self._committed()
+        return changed
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """Statements that must apply together, within this tick's transaction (then await :meth:`_committed`)."""
+        db = self._begin()
+        with self._unavailable():
+            db.execute("SAVEPOINT operation")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:  # SQLite may have rolled the whole transaction back already
+                    db.execute("ROLLBACK TO operation")
+                    db.execute("RELEASE operation")
+                raise
+            db.execute("RELEASE operation")
+
+    async def _committed(self) -> None:
+        """Wait for the commit of this tick's transaction (:class:`StorageUnavailableError` if it failed).
+
+        A cancelled caller's write is still committed with the others.
+        """
         if self._db is not None and self._db.in_transaction:
-            self._db.execute("COMMIT")
-            self._last_commit = time.monotonic()
-            if self._checkpoint_timer is None and self.path != ":memory:" and self._worth_a_checkpoint():
-                try:
-                    loop = asyncio.get_running_loop()
-                except RuntimeError:  # no event loop: SQLite's own limit applies
-                    return
-                self._checkpoint_timer = loop.call_later(_QUIET_SECONDS, self._checkpoint_when_quiet)
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    @contextmanager
+    def _unavailable(self) -> Iterator[None]:
+        """Turn SQLite's "cannot write now" errors into :class:`StorageUnavailableError`."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            if not str(getattr(exc, "sqlite_errorname", "")).startswith(_UNAVAILABLE):
+                raise
+            raise self._failed(exc) from exc
+
+    def _commit(self) -> None:
+        db = self._db
+        if db is None or not db.in_transaction:
+            self._answer(None)
+            return
+        try:
+            self._check_file()
+            db.execute("COMMIT")
+        except (sqlite3.Error, StorageUnavailableError) as exc:
+            self._failed(exc)
+            return
+        self._last_commit = time.monotonic()
+        if self._failure_logged:
+            logger.warning("writes to %s work again", self.path)
+            self._failure_logged = False
+        self._answer(None)
+        if self._checkpoint_timer is None and self.path != ":memory:" and self._worth_a_checkpoint():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no event loop: SQLite's own limit applies
+                return
+            self._checkpoint_timer = loop.call_later(_QUIET_SECONDS, self._checkpoint_when_quiet)
+
+    def _failed(self, exc: BaseException) -> StorageUnavailableError:
+        """A write or commit failed: roll the transaction back, fail its writers, say so once in the log."""
+        error = exc if isinstance(exc, StorageUnavailableError) else StorageUnavailableError(
+            f"could not write to the database {self.path}: {exc}")
+        db = self._db
+        if db is not None and db.in_transaction:
+            with suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+        self._answer(error)
+        now = time.monotonic()
+        if now - self._failure_logged_at >= _LOG_EVERY:  # once, not once per write (a full disk may last)
+            logger.error("%s (every write fails until this is fixed)", error)
+            self._failure_logged, self._failure_logged_at = True, now
+        return error
+
+    def _answer(self, error: StorageUnavailableError | None) -> None:
+        """Tell the writers waiting for the transaction how it ended."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if waiter.done():  # its caller was cancelled
+                continue
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
+
+    def _check_file(self) -> None:
+        """Refuse to commit into a file no longer at its path (deleted or replaced): its writes would be lost."""
+        if self._file is None:
+            return
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            how = "deleted"
+        else:
+            if (found.st_dev, found.st_ino) == self._file:
+                return
+            how = "replaced by another file"
+        self._refused = StorageUnavailableError(
+            f"the database file {self.path} was {how} while this process had it open: it takes no more writes "
+            "(restart to open the file now at that path)")
+        raise self._refused
 
     def _worth_a_checkpoint(self) -> bool:
         assert self._db is not None
@@ -206,7 +324,11 @@ class SQLiteStorage(Storage):
         for other in _OPEN.get(self.path, ()):  # their open transaction would lock the migration out
             other._commit()
         _migrate(db, self.path, _MIGRATIONS)
+        if self.path != ":memory:":
+            found = os.stat(self.path)
+            self._file = (found.st_dev, found.st_ino)
         self._db = db
+        self._refused = None
         _OPEN.setdefault(self.path, weakref.WeakSet()).add(self)
         # A program that never closes the storage still keeps its last writes.
         self._finalizer = weakref.finalize(self, _commit_and_close, db)
@@ -214,6 +336,7 @@ class SQLiteStorage(Storage):
     async def close(self) -> None:
         if self._db is not None:
             assert self._finalizer is not None
+            self._commit()  # the writes of this tick, answered
             _OPEN[self.path].discard(self)
             if self._checkpoint_timer is not None:
                 self._checkpoint_timer.cancel()
@@ -221,24 +344,11 @@ class SQLiteStorage(Storage):
             self._finalizer()  # closing the last connection to the file checkpoints it
             self._db = None
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """Statements that must apply together, within this tick's transaction."""
-        db = self.writer
-        db.execute("SAVEPOINT operation")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK TO operation")
-            db.execute("RELEASE operation")
-            raise
-        db.execute("RELEASE operation")
-
     # -- threads
 
     async def create_thread(self, row: ThreadRow) -> bool:
         try:
-            self.writer.execute("INSERT INTO threads VALUES (?,?,?,?,?,?,?)", thread_values(row))
+            await self._write("INSERT INTO threads VALUES (?,?,?,?,?,?,?)", thread_values(row))
         except sqlite3.IntegrityError:
             return False
         return True
@@ -253,13 +363,14 @@ class SQLiteStorage(Storage):
         changes = thread_changes(status=status, metadata=metadata, interrupts=interrupts, updated_at=updated_at)
         if changes:
             columns = ", ".join(f"{column} = ?" for column in changes)
-            self.writer.execute(f"UPDATE threads SET {columns} WHERE thread_id = ?", (*changes.values(), thread_id))
+            await self._write(f"UPDATE threads SET {columns} WHERE thread_id = ?", (*changes.values(), thread_id))
 
     async def delete_thread(self, thread_id: str) -> bool:
         with self._transaction() as db:
             deleted = db.execute("DELETE FROM threads WHERE thread_id = ?", (thread_id,)).rowcount
             for table in THREAD_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
+        await self._committed()
         return bool(deleted)
 
     def _thread_filter(self, metadata: dict[str, Any] | None, status: ThreadStatus | None,
@@ -296,14 +407,14 @@ class SQLiteStorage(Storage):
     # -- runs
 
     async def create_run(self, row: RunRow) -> None:
-        self.writer.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", run_values(row))
+        await self._write("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", run_values(row))
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return run_row(found) if found else None
 
     async def delete_run(self, run_id: str) -> bool:
-        return bool(self.writer.execute("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount)
+        return bool(await self._write("DELETE FROM runs WHERE run_id = ?", (run_id,)))
 
     async def list_runs(self, thread_id: str, *, status: RunStatus | None = None, limit: int = 10,
                         offset: int = 0) -> list[RunRow]:
@@ -335,26 +446,29 @@ class SQLiteStorage(Storage):
             claimed = pick_claims(map(run_row, candidates), running, limit)
             db.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id IN "
                        "(SELECT value FROM json_each(?))", (now, dump([r.run_id for r in claimed])))
+        await self._committed()
         for row in claimed:
             row.status = "running"
         return claimed
 
     async def finish_run(self, end: RunEnd) -> bool:
-        db = self.writer
-        db.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
-                   (end.status, dump(end.error) if end.error else None, end.updated_at, end.run_id))
-        db.execute(
-            "UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = ? AND status IN "
-            "('pending', 'running')) THEN 'busy' ELSE ? END, error = ?, updated_at = ?, "
-            "interrupts = coalesce(?, interrupts) WHERE thread_id = ?",
-            (end.thread_id, end.thread_status, dump(end.thread_error) if end.thread_error else None,
-             end.updated_at, None if end.interrupts is None else dump(end.interrupts), end.thread_id))
-        if end.checkpoint_next is not None:
-            db.execute("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
-                       (end.checkpoint_next[1], end.thread_id, end.checkpoint_next[0]))
-        found = db.execute("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = ? AND delivered = 0)",
-                           (end.thread_id,))
-        return bool(found.fetchone()[0])
+        with self._transaction() as db:
+            db.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
+                       (end.status, dump(end.error) if end.error else None, end.updated_at, end.run_id))
+            db.execute(
+                "UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = ? AND status IN "
+                "('pending', 'running')) THEN 'busy' ELSE ? END, error = ?, updated_at = ?, "
+                "interrupts = coalesce(?, interrupts) WHERE thread_id = ?",
+                (end.thread_id, end.thread_status, dump(end.thread_error) if end.thread_error else None,
+                 end.updated_at, None if end.interrupts is None else dump(end.interrupts), end.thread_id))
+            if end.checkpoint_next is not None:
+                db.execute("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
+                           (end.checkpoint_next[1], end.thread_id, end.checkpoint_next[0]))
+            found = db.execute("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = ? AND delivered = 0)",
+                               (end.thread_id,))
+            has_mail = bool(found.fetchone()[0])
+        await self._committed()
+        return has_mail
 
     async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
         with self._transaction() as db:
@@ -370,6 +484,7 @@ class SQLiteStorage(Storage):
                        "WHERE thread_id = ? AND status = 'busy' AND NOT EXISTS "
                        "(SELECT 1 FROM runs WHERE thread_id = ? AND status IN ('pending', 'running'))",
                        (row[0], row[0]))
+        await self._committed()
         return True
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
@@ -380,28 +495,31 @@ class SQLiteStorage(Storage):
             rows = db.execute(f"SELECT * FROM runs WHERE {orphaned} ORDER BY rowid", tuple(alive_workers)).fetchall()
             db.execute(f"UPDATE runs SET status = 'pending', worker_id = ? WHERE {orphaned}",
                        (new_worker_id, *alive_workers))
+        await self._committed()
         return [run_row(r) for r in rows]
 
     # -- workers
 
     async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> bool:
-        db = self.writer
-        if db.execute("UPDATE workers SET heartbeat_at = ? WHERE worker_id = ?", (now, worker_id)).rowcount:
-            return True
-        db.execute("INSERT INTO workers VALUES (?,?,?)", (worker_id, dump(info), now))
-        return False
+        with self._transaction() as db:
+            renewed = db.execute("UPDATE workers SET heartbeat_at = ? WHERE worker_id = ?", (now, worker_id))
+            known = bool(renewed.rowcount)
+            if not known:
+                db.execute("INSERT INTO workers VALUES (?,?,?)", (worker_id, dump(info), now))
+        await self._committed()
+        return known
 
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
         rows = self.db.execute("SELECT worker_id, info, heartbeat_at FROM workers").fetchall()
         return {w: (json.loads(info), at) for w, info, at in rows}
 
     async def forget_worker(self, worker_id: str) -> None:
-        self.writer.execute("DELETE FROM workers WHERE worker_id = ?", (worker_id,))
+        await self._write("DELETE FROM workers WHERE worker_id = ?", (worker_id,))
 
     # -- checkpoints
 
     async def put_checkpoint(self, row: CheckpointRow) -> None:
-        self.writer.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)", checkpoint_values(row))
+        await self._write("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)", checkpoint_values(row))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
@@ -429,32 +547,31 @@ class SQLiteStorage(Storage):
         return checkpoint_chain(rows, checkpoint_id)
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
-        self.writer.execute("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
-                        (next, thread_id, checkpoint_id))
+        await self._write("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
+                          (next, thread_id, checkpoint_id))
 
     async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
-        self.writer.execute("DELETE FROM checkpoints WHERE thread_id = ? AND run_id = ?", (thread_id, run_id))
+        await self._write("DELETE FROM checkpoints WHERE thread_id = ? AND run_id = ?", (thread_id, run_id))
 
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
-        self.writer.execute("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
-                        "metadata, created_at FROM checkpoints WHERE thread_id = ?", (new_thread_id, thread_id))
+        await self._write("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
+                          "metadata, created_at FROM checkpoints WHERE thread_id = ?", (new_thread_id, thread_id))
 
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
-        self.writer.execute("INSERT OR REPLACE INTO pending_writes VALUES (?,?,?)", (thread_id, key, dumps(value)))
+        await self._write("INSERT OR REPLACE INTO pending_writes VALUES (?,?,?)", (thread_id, key, dumps(value)))
 
     async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
         rows = self.db.execute("SELECT key, value FROM pending_writes WHERE thread_id = ?", (thread_id,))
         return {key: json.loads(value) for key, value in rows.fetchall()}
 
     async def clear_pending_writes(self, thread_id: str) -> None:
-        self.writer.execute("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
+        await self._write("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
 
     # -- inbox
 
     async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
-        cursor = self.writer.execute("INSERT OR IGNORE INTO inbox VALUES (?,?,?,?,0)",
-                                 (thread_id, key, dumps(message), now))
-        return cursor.rowcount == 1
+        return await self._write("INSERT OR IGNORE INTO inbox VALUES (?,?,?,?,0)",
+                                 (thread_id, key, dumps(message), now)) == 1
 
     async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         rows = self.db.execute("SELECT key, message FROM inbox WHERE thread_id = ? AND delivered = 0 "
@@ -462,8 +579,8 @@ class SQLiteStorage(Storage):
         return [(key, inbox_message(message)) for key, message in rows.fetchall()]
 
     async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
-        self.writer.execute("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key IN "
-                            "(SELECT value FROM json_each(?))", (thread_id, dump(list(keys))))
+        await self._write("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key IN "
+                          "(SELECT value FROM json_each(?))", (thread_id, dump(list(keys))))
 
     async def threads_with_mail(self) -> list[str]:
         rows = self.db.execute("SELECT DISTINCT thread_id FROM inbox WHERE delivered = 0")
@@ -472,9 +589,9 @@ class SQLiteStorage(Storage):
     # -- items
 
     async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
-        self.writer.execute("INSERT INTO items VALUES (?,?,?,?,?) ON CONFLICT(namespace, key) DO UPDATE "
-                        "SET value = excluded.value, updated_at = excluded.updated_at",
-                        (SEP.join(namespace), key, dump(value), now, now))
+        await self._write("INSERT INTO items VALUES (?,?,?,?,?) ON CONFLICT(namespace, key) DO UPDATE "
+                          "SET value = excluded.value, updated_at = excluded.updated_at",
+                          (SEP.join(namespace), key, dump(value), now, now))
 
     async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
         found = self.db.execute("SELECT * FROM items WHERE namespace = ? AND key = ?",
@@ -482,7 +599,7 @@ class SQLiteStorage(Storage):
         return item_row(found) if found else None
 
     async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
-        self.writer.execute("DELETE FROM items WHERE namespace = ? AND key = ?", (SEP.join(namespace), key))
+        await self._write("DELETE FROM items WHERE namespace = ? AND key = ?", (SEP.join(namespace), key))
 
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
                            limit: int = 10, offset: int = 0) -> list[ItemRow]:
