@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backchannel.context import CallingTool, RunContext, current_tool_call, forward_events
-from backchannel.errors import MaxIterationsError, MiddlewareError
+from backchannel.errors import MaxIterationsError, MiddlewareError, StorageUnavailableError
 from backchannel.events import Event, EventBus, filter_metadata
 from backchannel.interrupts import GraphInterrupt, InterruptScope, current_scope
 from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_from_input, new_id, pending_tool_calls
@@ -184,6 +184,8 @@ class Agent:
             await self._end(plan, ctx, RunResult("cancelled", state))
             raise
         except BaseException as exc:
+            if _stops_run(exc):
+                raise  # the run has not ended: it continues from its last step once its runtime can
             timed_out = isinstance(exc, TimeoutError) and ctx.deadline is not None
             if reports:
                 self._lifecycle(ctx, "failed", error=describe_error(exc))
@@ -580,6 +582,15 @@ def _is_message_dict(value: Mapping[str, Any]) -> bool:
     return ("role" in value or "type" in value) and "content" in value
 
 
+def _stops_run(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what it wraps) stops a run without ending it: its runtime's database is away."""
+    while exc is not None:
+        if isinstance(exc, StorageUnavailableError):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def describe_error(exc: BaseException) -> dict[str, Any]:
     """An error as events report it: type and message, plus the middleware and hook that raised."""
     info: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
@@ -723,8 +734,8 @@ def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
                                         "Call the tool again with arguments that match its schema.")
         except ToolError as exc:
             return _error_message(call, str(exc))
-        except (GraphInterrupt, asyncio.CancelledError):
-            raise
+        except (GraphInterrupt, asyncio.CancelledError, StorageUnavailableError):
+            raise  # the run's own database is away: the run stops, and resumes from its last step later
         except BaseException as exc:  # SystemExit from argparse, KeyboardInterrupt from a library: the tool failed
             return _error_message(call, f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}")
         finally:

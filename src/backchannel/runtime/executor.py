@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
@@ -45,6 +46,8 @@ from backchannel.state import Reducer, snapshot
 from backchannel.tracing import continued_from
 
 __all__ = ["Executor"]
+
+logger = logging.getLogger("backchannel")
 
 _GOTO_STAGES = {"model": "before_model", "tools": "tools", "__end__": "", "end": ""}
 _RETRY_FIRST, _RETRY_LAST = 0.1, 5.0  # seconds between tries to record a run's end the database refused
@@ -80,27 +83,38 @@ class Executor:
         stored: RunStatus | None = "error"  # the run's status as stored (None: rolled back, gone)
         agent = self.registry.agent_of(row.assistant_id)
         try:
-            if agent is None:
-                raise NotFoundError(f"assistant {row.assistant_id!r} is not registered in this runtime")
-            state, result = await self._run_agent(row, agent, stream)
-            status, values, has_mail = await self._finish(row, agent, state, result)
-            stored = "success"  # also when it paused for a human (see _finish)
-            stream.interrupts = [i.to_dict() for i in result.interrupts]
-        except asyncio.CancelledError:
-            action = self.scheduler.cancel_action(row.run_id)
-            if action is None:  # the runtime is closing: leave the run to be resumed
-                stream.finish("interrupted")
-                raise
-            status = await self._cancelled(row, action)
-            stored = None if action == "rollback" else "interrupted"
-        except TimeoutError:
-            status, error = "timeout", {"type": "TimeoutError", "message": "the run exceeded its timeout"}
-            stored = status
-            await self._fail(row, status, error)
+            try:
+                if agent is None:
+                    raise NotFoundError(f"assistant {row.assistant_id!r} is not registered in this runtime")
+                state, result = await self._run_agent(row, agent, stream)
+                status, values, has_mail = await self._finish(row, agent, state, result)
+                stored = "success"  # also when it paused for a human (see _finish)
+                stream.interrupts = [i.to_dict() for i in result.interrupts]
+            except asyncio.CancelledError:
+                action = self.scheduler.cancel_action(row.run_id)
+                if action is None:  # the runtime is closing: leave the run to be resumed
+                    stream.finish("interrupted")
+                    raise
+                status = await self._cancelled(row, action)
+                stored = None if action == "rollback" else "interrupted"
+            except TimeoutError:
+                status, error = "timeout", {"type": "TimeoutError", "message": "the run exceeded its timeout"}
+                stored = status
+                await self._fail(row, status, error)
+            except Exception as exc:
+                if _storage_lost(exc):
+                    raise
+                error = describe_error(exc)
+                stream.exception = exc
+                await self._fail(row, "error", error)
         except Exception as exc:
-            error = describe_error(exc)
-            stream.exception = exc
-            await self._fail(row, "error", error)
+            if not _storage_lost(exc):
+                raise
+            # The database went away mid-run: nothing of the run's end could be recorded. It starts
+            # again from its last checkpoint once the database is back (its stream stays open).
+            self.checkpoints.forget(row.thread_id)
+            self.scheduler.stranded(row)
+            return
         finally:
             if self.mail.close_inbox(row.thread_id, row.run_id):
                 has_mail = True  # it came as the run was ending, too late for it: a new run takes it
@@ -121,7 +135,7 @@ class Executor:
         # Mail the run did not hear (it came as the run ended, or the run failed, was cancelled or reached its
         # limit first) wakes the thread; after a wake-up run that failed, the thread's next run takes it.
         if has_mail and self._is_open() and (status == "success" or not row.kwargs.get("wake")):
-            with contextlib.suppress(StorageUnavailableError):  # the mail waits for the next wake-up
+            with contextlib.suppress(StorageUnavailableError):  # the mail is stored: recovery wakes it later
                 await self.mail.wake(row.thread_id, row.assistant_id)
 
     def _call_webhook(self, row: RunRow, stream: RunStream, status: RunStatus, values: dict[str, Any] | None,
@@ -280,6 +294,15 @@ class Executor:
             with contextlib.suppress(StorageUnavailableError):
                 await self.storage.delete_run(row.run_id)
         return "interrupted"
+
+
+def _storage_lost(exc: BaseException | None) -> bool:
+    """Whether ``exc`` comes from the database being unreachable (raised as is, or wrapped by a middleware)."""
+    while exc is not None:
+        if isinstance(exc, StorageUnavailableError):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _cancelled_tool_results(messages: list[AnyMessage]) -> list[ToolMessage]:

@@ -138,7 +138,8 @@ class LocalRuntime:
             coordinator = self.storage.coordinator()
             if coordinator is not None:
                 await self.peers.start(coordinator, kick=self.scheduler.kick, cancel=self.queue.cancel_here,
-                                       mail=self.mail.announced, executing=self.scheduler.is_executing)
+                                       mail=self.mail.announced, executing=self.scheduler.is_executing,
+                                       missed_mail=self.mail.announced_anywhere)
             self._opened = True
             self._background = [asyncio.create_task(self.scheduler.run_forever()),
                                 asyncio.create_task(self.recovery.heartbeat_forever())]

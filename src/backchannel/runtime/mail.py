@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from backchannel._clock import now_iso
-from backchannel.errors import InvalidRequestError, NotFoundError
+from backchannel.errors import InvalidRequestError, NotFoundError, StorageUnavailableError
 from backchannel.messages import AnyMessage
 from backchannel.runtime.checkpoints import Checkpointer
 from backchannel.runtime.inbox import ThreadInbox
@@ -44,6 +44,7 @@ class Mail:
         self._inboxes: dict[str, ThreadInbox] = {}
         self._waking: dict[str, str] = {}  # thread id -> the wake-up run queued or executing here
         self._refills: set[asyncio.Task[Any]] = set()
+        self._unwoken: dict[str, str | None] = {}  # thread id -> assistant id, of wake-ups to try again
 
     async def deliver(self, thread_id: str, message: AnyMessage, *, key: str,
                       assistant_id: str | None = None) -> bool:
@@ -52,6 +53,9 @@ class Mail:
         Returns ``False`` when a message with this key was delivered before.
         """
         if not await self.storage.put_inbox(thread_id, key, message, now_iso()):
+            # Given before. If it is still waiting, this may be a retry after a failed wake-up: make sure of it.
+            if thread_id not in self._inboxes and key in {k for k, _ in await self.storage.inbox(thread_id)}:
+                await self.wake(thread_id, assistant_id)
             return False
         self.metrics.notification_delivered()
         # The run that takes it will load the thread's state: keep it cached through a busy fan-out
@@ -89,14 +93,45 @@ class Mail:
     def announced(self, thread_id: str) -> None:
         """Another process stored mail for the thread: its run here (if any) takes it."""
         if thread_id in self._inboxes:
-            task = asyncio.create_task(self.refill(thread_id))
+            task = asyncio.create_task(self._refill_quietly(thread_id))
             self._refills.add(task)
             task.add_done_callback(self._refills.discard)
+
+    def announced_anywhere(self) -> None:
+        """Mail may have been stored for any thread (announcements were lost): every run here looks."""
+        for thread_id in list(self._inboxes):
+            self.announced(thread_id)
+
+    async def _refill_quietly(self, thread_id: str) -> None:
+        try:
+            await self.refill(thread_id)
+        except StorageUnavailableError as exc:  # the run takes its mail before its next model call anyway
+            logger.debug("could not look for mail for thread %s: %s", thread_id, exc)
 
     # -- waking idle threads
 
     async def wake(self, thread_id: str, assistant_id: str | None = None) -> None:
-        """Make sure a run will take the thread's mail: an active one, or a new wake-up run."""
+        """Make sure a run will take the thread's mail: an active one, or a new wake-up run.
+
+        If the database cannot be reached, the wake-up is tried again by :meth:`retry_wakes`.
+        """
+        try:
+            await self._wake(thread_id, assistant_id)
+        except StorageUnavailableError:
+            self._unwoken[thread_id] = assistant_id
+            raise
+        self._unwoken.pop(thread_id, None)
+
+    async def retry_wakes(self) -> None:
+        """Wake the threads whose wake-up failed because the database could not be reached."""
+        for thread_id, assistant_id in list(self._unwoken.items()):
+            try:
+                await self.wake(thread_id, assistant_id)
+            except (NotFoundError, InvalidRequestError) as exc:
+                self._unwoken.pop(thread_id, None)
+                logger.warning("cannot deliver mail waiting for thread %s: %s", thread_id, exc)
+
+    async def _wake(self, thread_id: str, assistant_id: str | None) -> None:
         waking = self._waking.get(thread_id)
         if not self.peers.shared and waking is not None and (
                 self.scheduler.is_unstarted(waking) or self.scheduler.is_executing(waking)):

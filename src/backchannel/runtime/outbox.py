@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from backchannel.errors import BackchannelError, RemoteError
+from backchannel.errors import BackchannelError, RemoteError, StorageUnavailableError
 from backchannel.messages import AnyMessage, message_to_dict
 from backchannel.protocols import StoreAPI
 from backchannel.runtime.remote import RemoteRuntime
@@ -28,6 +28,7 @@ __all__ = ["NAMESPACE", "Outbox"]
 NAMESPACE = ("backchannel", "outbox")
 _MAX_DELAY = 60.0  # seconds between attempts, at most
 _BATCH = 100
+_STORE_RETRY = 0.5  # seconds between looks at the outbox while the database cannot be reached
 
 logger = logging.getLogger("backchannel")
 
@@ -65,12 +66,17 @@ class Outbox:
     async def _send_all(self) -> None:
         while True:
             self._more.clear()
-            items = (await self._store.search_items(NAMESPACE, limit=_BATCH))["items"]
-            if not items:
-                return
-            now = time.time()
-            due = [i for i in items if i["value"]["next_at"] <= now]
-            await asyncio.gather(*(self._send(i["key"], i["value"]) for i in due))
+            try:
+                items = (await self._store.search_items(NAMESPACE, limit=_BATCH))["items"]
+                if not items:
+                    return
+                now = time.time()
+                due = [i for i in items if i["value"]["next_at"] <= now]
+                await asyncio.gather(*(self._send(i["key"], i["value"]) for i in due))
+            except StorageUnavailableError as exc:  # the notifications are kept: send them once it is back
+                logger.info("the outbox waits for the database: %s", exc)
+                await asyncio.sleep(_STORE_RETRY)
+                continue
             later = [i["value"]["next_at"] for i in items if i not in due]
             if later:
                 try:  # a new notification is worth trying at once; otherwise wait for the next retry

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast, get_args
 
+from backchannel.errors import StorageUnavailableError
 from backchannel.events import Event
 from backchannel.messages import message_from_dict
 from backchannel.runtime.rows import ACTIVE, CancelAction, RunRow, RunStatus
@@ -61,6 +62,7 @@ class Peers:
         self._cancel: Callable[[str, CancelAction], object] = _nothing
         self._mail: Callable[[str], None] = _nothing
         self._executing: Callable[[str], bool] = lambda run_id: False
+        self._missed: Callable[[], None] = _nothing
         self._watched: dict[str, tuple[float, bool]] = {}  # run -> (when asked, wants values), not started here
         self._relays: dict[str, _Relay] = {}  # runs executed here that others follow
         # Threads with runs queued elsewhere, maybe behind a run of this process (oldest first, bounded).
@@ -75,10 +77,12 @@ class Peers:
 
     async def start(self, coordinator: Coordinator, *, kick: Callable[[], None],
                     cancel: Callable[[str, CancelAction], object], mail: Callable[[str], None],
-                    executing: Callable[[str], bool]) -> None:
+                    executing: Callable[[str], bool], missed_mail: Callable[[], None]) -> None:
         """Listen to the other processes: ``kick`` the scheduler, ``cancel`` a run executing here, tell
-        this process of ``mail`` for a thread, and ask whether a run is ``executing`` here."""
+        this process of ``mail`` for a thread (or, after messages were lost, ``missed_mail`` for any
+        thread), and ask whether a run is ``executing`` here."""
         self._kick, self._cancel, self._mail, self._executing = kick, cancel, mail, executing
+        self._missed = missed_mail
         self.coordinator = coordinator
         await coordinator.start(self._receive)
 
@@ -188,6 +192,13 @@ class Peers:
     def _on_mail(self, message: dict[str, Any]) -> None:
         self._mail(message["thread"])
 
+    def _on_missed(self, message: dict[str, Any]) -> None:
+        """Messages were lost while the connection was down: look again for what they may have said."""
+        self._kick()
+        self._missed()
+        for run_id, feed in self._remote.items():
+            self._send("watch", run=run_id, after=0, values=feed.values)
+
     def _on_watch(self, message: dict[str, Any]) -> None:
         run_id = message["run"]
         if run_id in self._remote:
@@ -222,7 +233,10 @@ class Peers:
         """Watch the run's row: end the stream if it ended unseen, ask again if another process took it over."""
         while run_id in self._remote:
             await asyncio.sleep(_CHECK_EVERY)
-            row = await self.storage.get_run(run_id)
+            try:
+                row = await self.storage.get_run(run_id)
+            except StorageUnavailableError:
+                continue  # look again once the database is back
             if row is None or row.status not in ACTIVE:
                 self._end_remote(run_id, feed, row.status if row else "interrupted", row.error if row else None)
                 return

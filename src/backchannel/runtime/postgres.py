@@ -14,6 +14,7 @@ partial unique index makes that a database invariant too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -26,9 +27,10 @@ import psycopg
 from psycopg import AsyncConnection, sql
 
 from backchannel._clock import now_iso
+from backchannel.errors import StorageUnavailableError
 from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
-from backchannel.runtime._pgpool import ConnectionPool
+from backchannel.runtime._pgpool import ConnectionPool, unavailable
 from backchannel.runtime._rows import (
     SEP,
     THREAD_SORT_SQL,
@@ -57,7 +59,7 @@ from backchannel.runtime.rows import (
     ThreadStatus,
     thread_order,
 )
-from backchannel.runtime.storage import Coordinator, Storage
+from backchannel.runtime.storage import MISSED, Coordinator, Storage
 from backchannel.serde import dumps
 
 __all__ = ["PostgresCoordinator", "PostgresStorage", "scratch_schema"]
@@ -119,6 +121,7 @@ _ITEM_COLUMNS = "namespace, key, value::text, created_at, updated_at"
 _MIGRATION_LOCK = 0x6263_0001
 _THREAD_LOCK = 0x6263_0002
 _KEY_LOCK = 0x6263_0003
+_RETRY_FIRST, _RETRY_MAX = 0.05, 1.0  # seconds between attempts to reach the database again
 _NOTIFY_LIMIT = 7900  # bytes: Postgres refuses a NOTIFY payload of 8000 or more
 _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
 
@@ -200,8 +203,14 @@ class PostgresStorage(Storage):
         while self._writes:
             await asyncio.sleep(0)  # the rest of this tick's writes join the batch
             batch, self._writes = self._writes, []
-            async with self.pool.connection() as conn:
-                await _run_batch(conn, batch)
+            try:
+                async with self.pool.connection() as conn:
+                    await _run_batch(conn, batch)
+            except BaseException as exc:  # no connection (or the storage closed): every write of the batch fails
+                _fail_writes(batch, exc if isinstance(exc, Exception) else
+                             StorageUnavailableError("the storage closed before the write was made"))
+                if not isinstance(exc, Exception):
+                    raise
 
     async def _fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any], what: str) -> Any:
         async with self.pool.connection() as conn:
@@ -560,21 +569,36 @@ class PostgresCoordinator(Coordinator):
 
     async def _send_forever(self) -> None:
         tidied = asyncio.get_running_loop().time()
+        delay = _RETRY_FIRST
         while True:
             await self._queued.wait()
             self._queued.clear()
-            await self._send_queued()
+            if await self._send_queued():
+                delay = _RETRY_FIRST
+            else:  # the database is away: the messages wait for it, in order
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+                self._queued.set()
+                continue
             if asyncio.get_running_loop().time() - tidied > _TIDY_EVERY:
                 tidied = asyncio.get_running_loop().time()
-                await self.storage._write("DELETE FROM notifications WHERE created_at < now() - interval '10 minutes'")
+                with contextlib.suppress(StorageUnavailableError):
+                    await self.storage._write("DELETE FROM notifications WHERE created_at < now() - "
+                                              "interval '10 minutes'")
 
-    async def _send_queued(self) -> None:
+    async def _send_queued(self) -> bool:
+        """Send the queued messages; ``False`` (and they stay queued) if the database could not be reached."""
         batch, self._queue = self._queue, []
         if batch:
             try:
                 await _whole(self._notify(batch))
+            except StorageUnavailableError as exc:
+                self._queue[:0] = batch
+                logger.debug("%d messages for the other processes wait for the database: %s", len(batch), exc)
+                return False
             except Exception:  # schedulers and followers also look at the database now and then
                 logger.exception("could not send %d messages to the other processes", len(batch))
+        return True
 
     async def _notify(self, batch: list[str]) -> None:
         async with self.storage.pool.connection() as conn, conn.transaction():
@@ -589,14 +613,17 @@ class PostgresCoordinator(Coordinator):
                                (self.channel, payloads))
 
     async def _listen_forever(self, listening: asyncio.Future[None]) -> None:
+        delay = _RETRY_FIRST
         while True:
             try:
                 async with await AsyncConnection.connect(self.storage.url, autocommit=True) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-                    if listening.done():  # back after a lost connection: what was missed may be waiting
-                        self._receive({"k": "kick", "w": ""})
+                    if listening.done():  # back after a lost connection: what was sent meanwhile was missed
+                        logger.info("listening to the other processes again")
+                        self._receive(MISSED)
                     else:
                         listening.set_result(None)
+                    delay = _RETRY_FIRST
                     async for note in conn.notifies():
                         await self._deliver(note.payload)
             except asyncio.CancelledError:
@@ -605,8 +632,11 @@ class PostgresCoordinator(Coordinator):
                 if not listening.done():
                     listening.set_exception(exc)
                     return
-                logger.warning("lost the connection listening to other processes (%s); reconnecting", exc)
-                await asyncio.sleep(1.0)
+                if delay == _RETRY_FIRST:
+                    logger.warning("lost the connection listening to other processes (%s); reconnecting",
+                                   str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
 
     async def _deliver(self, payload: str) -> None:
         message = json.loads(payload)
@@ -644,10 +674,16 @@ async def _run_batch(conn: AsyncConnection[Any], batch: list[_Write]) -> None:
             result = await _result(await conn.execute(write.sql, write.params), write.what)
         except Exception as exc:
             if not write.done.done():
-                write.done.set_exception(exc)
+                write.done.set_exception(unavailable(conn, exc))
         else:
             if not write.done.done():
                 write.done.set_result(result)
+
+
+def _fail_writes(batch: list[_Write], exc: Exception) -> None:
+    for write in batch:
+        if not write.done.done():
+            write.done.set_exception(exc)
 
 
 async def _result(cursor: Any, what: str) -> Any:

@@ -8,15 +8,21 @@ their last checkpoints. On a database one process uses at a time this happens
 when a runtime opens it; on a shared one (Postgres), every live runtime looks
 every ``heartbeat_interval`` seconds. A runtime that finds its own registration
 gone was taken for dead: it stops its runs, which continue elsewhere.
+
+While the database cannot be reached, heartbeats fail everywhere alike: once it
+is back, a runtime judges others by the age of their heartbeats only after a
+lease of its own reconnection (by then every live runtime has renewed its own),
+so an outage longer than the lease takes no live runtime for dead. Mail whose
+wake-up could not be stored meanwhile wakes its thread then.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,6 +36,8 @@ __all__ = ["Recovery"]
 
 logger = logging.getLogger("backchannel")
 
+_RETRY = 0.1  # seconds between heartbeats while the database cannot be reached
+
 
 class Recovery:
     """This runtime's heartbeats, and its take-overs of dead workers' runs."""
@@ -42,10 +50,13 @@ class Recovery:
         self.worker_id = worker_id
         self.heartbeat_interval = heartbeat_interval
         self.lease = lease
+        # Since when (time.monotonic()) the database has answered without a break; None: it does not.
+        self._reachable_since: float | None = None
 
     async def register(self) -> None:
         """Register this runtime as a live worker."""
         await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
+        self._reachable_since = time.monotonic() - self.lease  # ages can be trusted at once
 
     async def unregister(self) -> None:
         await self.storage.forget_worker(self.worker_id)
@@ -53,7 +64,8 @@ class Recovery:
     async def recover(self, *, opening: bool = True) -> None:
         """Requeue, for this runtime, the runs of workers that are no longer alive."""
         workers = await self.storage.workers()
-        alive = [w for w, (info, beat) in workers.items() if _is_alive(info, beat, self.lease)]
+        lease = self.lease if self._ages_trusted() else None  # until then, only processes seen gone are dead
+        alive = [w for w, (info, beat) in workers.items() if w == self.worker_id or _is_alive(info, beat, lease)]
         for dead in workers.keys() - set(alive):
             await self.storage.forget_worker(dead)
         recovered = await self.storage.requeue_orphans(alive, self.worker_id)
@@ -67,20 +79,39 @@ class Recovery:
     async def heartbeat_forever(self) -> None:
         # A loop of its own, so no other work delays a heartbeat past the lease.
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
+            await asyncio.sleep(self.heartbeat_interval if self._reachable_since is not None else _RETRY)
             try:
-                known = await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
-            except StorageUnavailableError:  # the database takes no writes now: the next beat may get through
+                registered = await self.storage.heartbeat(self.worker_id, _worker_info(), now_iso())
+            except StorageUnavailableError as exc:
+                logger.debug("heartbeat failed: %s", exc)
+                self._reachable_since = None
                 continue
-            if not known:
+            back = self._reachable_since is None
+            if back:
+                self._reachable_since = time.monotonic()
+            if not registered:
                 self._stop_runs_taken_over()
+            try:
+                if back:  # mail stored as the database went away may have no run to take it
+                    await self.mail.wake_all()
+                await self.mail.retry_wakes()
+            except StorageUnavailableError as exc:
+                logger.debug("could not wake threads with mail yet: %s", exc)
 
     async def take_over_forever(self) -> None:
         """On a shared database: take over the runs of processes that died."""
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            with contextlib.suppress(StorageUnavailableError):  # try again at the next look
+            try:
                 await self.recover(opening=False)
+            except StorageUnavailableError as exc:
+                logger.debug("cannot look for dead workers: %s", exc)
+                self._reachable_since = None
+
+    def _ages_trusted(self) -> bool:
+        """Whether heartbeats' ages say who is dead: the database has answered for a lease without a break."""
+        since = self._reachable_since
+        return since is not None and time.monotonic() - since >= self.lease
 
     def _stop_runs_taken_over(self) -> None:
         """Other processes took this one for dead (it missed its heartbeats) and took its runs: stop them here."""
@@ -94,7 +125,8 @@ def _worker_info() -> dict[str, Any]:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
-def _is_alive(info: dict[str, Any], heartbeat_at: str, lease: float) -> bool:
+def _is_alive(info: dict[str, Any], heartbeat_at: str, lease: float | None) -> bool:
+    """Whether a worker lives: its process exists (on this machine), and (with a ``lease``) it heartbeat lately."""
     if info.get("host") == socket.gethostname():
         try:
             os.kill(int(info["pid"]), 0)
@@ -102,4 +134,4 @@ def _is_alive(info: dict[str, Any], heartbeat_at: str, lease: float) -> bool:
             return False
         except PermissionError:
             pass
-    return datetime.now(UTC) - datetime.fromisoformat(heartbeat_at) < timedelta(seconds=lease)
+    return lease is None or datetime.now(UTC) - datetime.fromisoformat(heartbeat_at) < timedelta(seconds=lease)

@@ -19,7 +19,7 @@ from typing import Any
 from backchannel._clock import now_iso
 from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.peers import Peers
-from backchannel.runtime.rows import CancelAction, RunRow
+from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow
 from backchannel.runtime.storage import RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 
@@ -28,6 +28,7 @@ __all__ = ["Scheduler"]
 logger = logging.getLogger("backchannel")
 
 _TICK = 0.25  # seconds between looks for runs whose time has come
+_UNAVAILABLE_PAUSE = 0.1  # seconds between looks while the database cannot be reached
 
 
 class Scheduler:
@@ -48,6 +49,8 @@ class Scheduler:
         # Runs created (or taken over) here that have not started: a run that ends makes the
         # scheduler look for more only while some wait (others' runs are theirs to start).
         self._unstarted: set[str] = set()
+        # Runs whose database went away as they executed here: they start again once it answers.
+        self._stranded: dict[str, RunRow] = {}
         self._wake = asyncio.Event()
 
     # -- what the other parts tell it
@@ -68,6 +71,11 @@ class Scheduler:
         self._tasks.pop(run_id, None)
         if self._unstarted:
             self.kick()
+
+    def stranded(self, row: RunRow) -> None:
+        """A run executing here lost its database: start it again (from its last checkpoint) once the
+        database answers and the run is still this process's."""
+        self._stranded[row.run_id] = row
 
     def dropped(self, run_id: str) -> None:
         """A run queued here was cancelled before it started."""
@@ -105,6 +113,9 @@ class Scheduler:
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
+        for row in self._stranded.values():
+            self._let_go(row, None)
+        self._stranded.clear()
         return tasks
 
     async def wait_executing(self, timeout: float) -> None:
@@ -115,23 +126,48 @@ class Scheduler:
     # -- the loop
 
     async def run_forever(self) -> None:
+        pause = _TICK
         while True:
             self._wake.clear()
-            free = self.max_concurrency - len(self._tasks)
-            if free > 0:
-                try:
-                    claimed = await self.storage.claim_runs(self.worker_id, free, now_iso())
-                except StorageUnavailableError:  # the database takes no writes now: look again at the next tick
-                    claimed = []
-                for row in claimed:
-                    self._start(row)
+            try:
+                await self._restart_stranded()
+                free = self.max_concurrency - len(self._tasks)
+                if free > 0:
+                    for row in await self.storage.claim_runs(self.worker_id, free, now_iso()):
+                        self._start(row)
+                pause = _TICK
+            except StorageUnavailableError as exc:  # try again soon: runs wait for the database
+                logger.debug("cannot claim runs: %s", exc)
+                pause = _UNAVAILABLE_PAUSE
             # A timer rather than asyncio.wait_for, which on 3.11 can swallow a cancellation that
             # arrives as the event is set; the timer also starts runs whose after_seconds passed.
-            timer = asyncio.get_running_loop().call_later(_TICK, self._wake.set)
+            timer = asyncio.get_running_loop().call_later(pause, self._wake.set)
             try:
                 await self._wake.wait()
             finally:
                 timer.cancel()
+
+    async def _restart_stranded(self) -> None:
+        for run_id, row in list(self._stranded.items()):
+            fresh = await self.storage.get_run(run_id)
+            del self._stranded[run_id]
+            if fresh is not None and fresh.status == "running" and fresh.worker_id == self.worker_id:
+                self._start(fresh)
+            else:  # it ended (its end was committed after all) or another process took it over
+                self._let_go(row, fresh)
+
+    def _let_go(self, row: RunRow, fresh: RunRow | None) -> None:
+        """End this process's stream of a run it no longer executes; its joiners read how it ends from storage."""
+        stream = self.streams.get(row.run_id)
+        if stream is None:
+            return
+        if fresh is not None and fresh.status in TERMINAL:
+            stream.final_row = fresh
+            stream.finish(fresh.status, error=fresh.error)
+            self.peers.run_ended(row, fresh.status, fresh.error)
+        else:  # as when a run is stopped here to continue elsewhere
+            stream.finish("interrupted")
+        self.streams.retire(stream)
 
     def _start(self, row: RunRow) -> None:
         stream = self.streams.get(row.run_id) or self.streams.new(row)

@@ -31,7 +31,7 @@ from backchannel.runtime.rows import (
     ThreadStatus,
 )
 
-__all__ = ["CheckpointStorage", "Coordinator", "InboxStorage", "ItemStorage", "RunStorage", "Storage",
+__all__ = ["MISSED", "CheckpointStorage", "Coordinator", "InboxStorage", "ItemStorage", "RunStorage", "Storage",
            "ThreadStorage", "WorkerStorage", "pick_claims"]
 
 
@@ -266,12 +266,17 @@ class Storage(ThreadStorage, RunStorage, WorkerStorage, CheckpointStorage, Inbox
         """Release connections (writes made before stay)."""
 
 
+# What a coordinator delivers when messages may have been missed (its connection was lost meanwhile).
+MISSED: dict[str, Any] = {"k": "missed", "w": ""}
+
+
 class Coordinator(abc.ABC):
     """Messages between every process on one database, this one included, in the order they were sent."""
 
     @abc.abstractmethod
     async def start(self, receive: Callable[[dict[str, Any]], None]) -> None:
-        """Begin delivering every message (from any process) to ``receive``."""
+        """Begin delivering every message (from any process) to ``receive``; after a gap in which
+        messages may have been lost, :data:`MISSED` first."""
 
     @abc.abstractmethod
     async def stop(self) -> None:
