@@ -190,14 +190,14 @@ class AsyncSubAgentMiddleware(Middleware):
         task_id = str(uuid.uuid5(_TASKS, f"{ctx.thread_id}:{ctx.run_id}:{runtime.tool_call_id}") if local
                       else uuid.uuid4())
         with _remote_errors(spec, "start"):
-            run = await _first_run(home, task_id) if local else None  # the call made again after a crash
-            if run is None:
-                run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id, if_not_exists="create",
-                                            metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
-                                                      "tool_call_id": runtime.tool_call_id},
-                                            input={"messages": [HumanMessage(description)],
-                                                   **self._parent_context(rt, ctx, spec, task_id),
-                                                   **self._shared_files(runtime, spec)})
+            # once: on this runtime, the call made again after a crash gets the run it started before
+            run = await self._start_run(home, ctx, spec, task_id, runtime.tool_call_id, once=local,
+                                        if_not_exists="create",
+                                        metadata={"parent_thread_id": ctx.thread_id, "subagent": spec.name,
+                                                  "tool_call_id": runtime.tool_call_id},
+                                        input={"messages": [HumanMessage(description)],
+                                               **self._parent_context(rt, ctx, spec, task_id),
+                                               **self._shared_files(runtime, spec)})
         now = now_iso()
         task = {"task_id": task_id, "subagent": spec.name, "description": description, "status": "pending",
                 "run_id": run["run_id"], "tool_call_id": runtime.tool_call_id, "created_at": now, "updated_at": now}
@@ -338,8 +338,8 @@ class AsyncSubAgentMiddleware(Middleware):
 
     # -- helpers ---------------------------------------------------------------
 
-    async def _start_run(self, home: Runtime, ctx: RunContext, spec: SubAgent, task_id: str, tool_call_id: str,
-                         **kwargs: Any) -> dict[str, Any]:
+    async def _start_run(self, home: Runtime, ctx: RunContext, spec: SubAgent, task_id: str, tool_call_id: str, *,
+                         once: bool = False, **kwargs: Any) -> dict[str, Any]:
         """A run of the subagent on its task thread, its events shown in the supervisor's stream.
 
         On a remote subagent's server the run is that server's to schedule and stream; unless
@@ -354,9 +354,9 @@ class AsyncSubAgentMiddleware(Middleware):
                 self._watch(host, home, spec, task_id, run["run_id"], ctx)
             return run
         graph_id = host.graph_id_for_agent(self.delegates.agent(spec))
-        run = await host.runs.create(task_id, graph_id, timeout=spec.timeout,
-                                     concurrency_key=f"tasks:{ctx.thread_id}", concurrency_limit=self.max_concurrent,
-                                     **kwargs)
+        create = host.runs.create_once if once else host.runs.create
+        run = await create(task_id, graph_id, timeout=spec.timeout, concurrency_key=f"tasks:{ctx.thread_id}",
+                           concurrency_limit=self.max_concurrent, **kwargs)
         events = host.run_events(run["run_id"])
         if events is not None and ctx.bus is not None and ctx.bus.listeners:
             forward_events(events, ctx, f"{spec.name}:{tool_call_id}", tool_call_id)
@@ -481,15 +481,6 @@ async def _coalesce(inbox: Inbox) -> None:
         if now == waiting:
             return
         waiting = now
-
-
-async def _first_run(rt: Runtime, task_id: str) -> dict[str, Any] | None:
-    """The first run on a task's thread, if the thread exists: the task a tool call started before."""
-    try:
-        runs = await rt.runs.list(task_id, limit=1_000_000)
-    except NotFoundError:
-        return None
-    return runs[-1] if runs else None
 
 
 def _tracked(runtime: ToolRuntime, task_id: str) -> dict[str, Any]:

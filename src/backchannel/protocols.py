@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
     from backchannel.agent import Agent
 
-__all__ = ["AssistantsAPI", "HostRuntime", "RunOptions", "RunsAPI", "Runtime", "StoreAPI", "StreamOptions",
-           "StreamPart", "ThreadsAPI", "WaitOptions", "unexpected_keywords"]
+__all__ = ["AssistantsAPI", "HostRunsAPI", "HostRuntime", "RunOptions", "RunsAPI", "Runtime", "StoreAPI",
+           "StreamOptions", "StreamPart", "ThreadsAPI", "WaitOptions", "unexpected_keywords"]
 
 Headers = Mapping[str, str] | None
 Params = Mapping[str, Any] | None
@@ -197,6 +197,15 @@ class RunsAPI(Protocol):
                     last_event_id: str | None = None) -> AsyncIterator[StreamPart]: ...
 
 
+class HostRunsAPI(RunsAPI, Protocol):
+    """A host runtime's runs: LangGraph's, and one of backchannel's own."""
+
+    async def create_once(self, thread_id: str, assistant_id: str,
+                          **options: Unpack[RunOptions]) -> dict[str, Any]:
+        """As ``create``, except on a thread that exists already: then its first run, the one an earlier
+        identical call made (a tool call made again after a crash finds the run it started)."""
+
+
 class StoreAPI(Protocol):
     """A key-value store shared by all threads, addressed by namespace tuples."""
 
@@ -244,6 +253,9 @@ class Runtime(Protocol):
 
 class HostRuntime(Runtime, Protocol):
     """The runtime a run executes in (a ``LocalRuntime``), as its agent, tools and middleware see it."""
+
+    @property
+    def runs(self) -> HostRunsAPI: ...
 
     @property
     def public_url(self) -> str | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Unpack, get_args
+from typing import Any, TypeVar, Unpack, get_args
 
 from backchannel._clock import now_iso
 from backchannel._ids import assistant_id_for
@@ -69,6 +69,7 @@ __all__ = ["AssistantsClient", "RunsClient", "StoreClient", "ThreadsClient"]
 Opener = Callable[[], Awaitable[None]]  # opens the runtime on first use
 _THREAD_STATUSES: tuple[ThreadStatus, ...] = get_args(ThreadStatus)
 _RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
+S = TypeVar("S", bound=str)
 _DURABILITY = (None, "sync", "async", "exit")  # when checkpoints are written; every step is, here
 _ASSISTANT_SORT = ("assistant_id", "graph_id", "name", "created_at", "updated_at")
 
@@ -80,22 +81,14 @@ def _refuse(**options: Any) -> None:
             raise InvalidRequestError(f"{name} is not supported by this runtime")
 
 
-def _thread_status(status: str | None) -> ThreadStatus | None:
-    for known in _THREAD_STATUSES:
-        if status == known:
-            return known
+def _status(status: str | None, known: tuple[S, ...], of: str) -> S | None:
+    """``status`` as one of the ``known`` statuses of a thread or run; :class:`InvalidRequestError` if it is none."""
+    for value in known:
+        if status == value:
+            return value
     if status is None:
         return None
-    raise InvalidRequestError(f"unknown thread status {status!r}; use one of {list(_THREAD_STATUSES)}")
-
-
-def _run_status(status: str | None) -> RunStatus | None:
-    for known in _RUN_STATUSES:
-        if status == known:
-            return known
-    if status is None:
-        return None
-    raise InvalidRequestError(f"unknown run status {status!r}; use one of {list(_RUN_STATUSES)}")
+    raise InvalidRequestError(f"unknown {of} status {status!r}; use one of {list(known)}")
 
 
 class AssistantsClient:
@@ -221,7 +214,7 @@ class ThreadsClient:
         _refuse(extract=extract)
         await self._open()
         rows = await self._storage.search_threads(
-            metadata=dict(metadata or {}), status=_thread_status(status), ids=ids,
+            metadata=dict(metadata or {}), status=_status(status, _THREAD_STATUSES, "thread"), ids=ids,
             limit=limit if not values else 1_000_000, offset=offset if not values else 0,
             sort_by=sort_by or "updated_at", sort_order=sort_order or "desc")
         stateless = bool(select) and not values and not {"values", "state_updated_at"} & set(select or ())
@@ -237,7 +230,8 @@ class ThreadsClient:
         if values:
             return len(await self.search(metadata=metadata, values=values, status=status, limit=1_000_000))
         await self._open()
-        return await self._storage.count_threads(metadata=dict(metadata or {}), status=_thread_status(status))
+        return await self._storage.count_threads(metadata=dict(metadata or {}),
+                                                 status=_status(status, _THREAD_STATUSES, "thread"))
 
     async def copy(self, thread_id: str, *, headers: Headers = None, params: Params = None) -> dict[str, Any]:
         """A new thread with this one's metadata and full checkpoint history (a fork)."""
@@ -358,11 +352,17 @@ class RunsClient:
         unexpected_keywords("create", options, RunOptions)
         return await self._create(thread_id, assistant_id, options)
 
+    async def create_once(self, thread_id: str, assistant_id: str, **options: Unpack[RunOptions]) -> dict[str, Any]:
+        """As :meth:`create`, except on a thread that exists already: then its first run, the one an earlier
+        identical call made (a tool call made again after a crash finds the run it started)."""
+        unexpected_keywords("create_once", options, RunOptions)
+        return await self._create(thread_id, assistant_id, options, once=True)
+
     async def _create(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any], *,
-                      watched: bool = False) -> dict[str, Any]:
+                      watched: bool = False, once: bool = False) -> dict[str, Any]:
         await self._open()
         graph_id = self._registry.graph_id_of(assistant_id)
-        run = _new_run(options, watched=watched)
+        run = _new_run(options, watched=watched, once=once)
         if run.webhook is not None:
             check_webhook_url(run.webhook)
         notification = notification_in(run.input) if thread_id is not None and run.command is None else None
@@ -389,7 +389,8 @@ class RunsClient:
                    select: Sequence[str] | None = None, headers: Headers = None,
                    params: Params = None) -> list[dict[str, Any]]:
         await self._threads.row(thread_id)
-        rows = await self._storage.list_runs(thread_id, status=_run_status(status), limit=limit, offset=offset)
+        rows = await self._storage.list_runs(thread_id, status=_status(status, _RUN_STATUSES, "run"), limit=limit,
+                                             offset=offset)
         return selected([render_run(r) for r in rows], select, RUN_FIELDS, "run")
 
     async def cancel(self, thread_id: str, run_id: str, *, wait: bool = False, action: str = "interrupt",
@@ -558,7 +559,7 @@ def _check_on_disconnect(value: str | None) -> None:
         raise InvalidRequestError(f"on_disconnect must be 'cancel' or 'continue', not {value!r}")
 
 
-def _new_run(options: Mapping[str, Any], *, watched: bool) -> NewRun:
+def _new_run(options: Mapping[str, Any], *, watched: bool, once: bool) -> NewRun:
     """The run ``runs.create``'s options ask for, checked."""
     _refuse(langsmith_tracing=options.get("langsmith_tracing"), strict_resume=options.get("strict_resume"))
     if options.get("durability") not in _DURABILITY:
@@ -579,4 +580,4 @@ def _new_run(options: Mapping[str, Any], *, watched: bool) -> NewRun:
         on_completion=options.get("on_completion"), after_seconds=options.get("after_seconds"),
         timeout=options.get("timeout"), webhook=options.get("webhook"),
         concurrency_key=options.get("concurrency_key"), concurrency_limit=options.get("concurrency_limit"),
-        watched=watched)
+        watched=watched, once=once)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import contextvars
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -60,6 +60,7 @@ class NewRun:
     concurrency_limit: int | None = None
     wake: bool = False  # a run that wakes an idle thread to take the mail waiting for it
     watched: bool = False  # its creator follows its stream from the start
+    once: bool = False  # on a thread that exists, the thread's first run instead (the same call made again)
 
 
 class RunQueue:
@@ -81,7 +82,7 @@ class RunQueue:
         """Queue a run (status ``pending``); it starts as soon as its thread is free.
 
         Without ``thread_id`` the run is stateless: it gets a thread of its own, deleted when it ends
-        (unless ``on_completion="keep"``).
+        (unless ``on_completion="keep"``). With ``run.once``, a thread that exists gives its first run.
         """
         if_not_exists = run.if_not_exists
         temporary = thread_id is None
@@ -91,6 +92,10 @@ class RunQueue:
             thread_id = str(uuid.uuid4())
             if_not_exists = "create"
         thread = await self.storage.get_thread(thread_id)
+        if thread is not None and run.once:  # the same call made again (a tool call resumed after a crash)
+            first = (await self.storage.list_runs(thread_id, limit=1_000_000))[-1:]
+            if first:
+                return first[0]
         new_thread = thread is None
         if thread is None:
             if (if_not_exists or "reject") != "create":
@@ -247,7 +252,3 @@ class RunQueue:
         """Delete a thread and forget its cached state."""
         await self.storage.delete_thread(thread_id)
         self.checkpoints.forget(thread_id)
-
-    async def active(self, thread_id: str) -> Sequence[RunRow]:
-        """The thread's pending and running runs, oldest first."""
-        return await self.storage.active_runs(thread_id)
