@@ -324,7 +324,11 @@ class ThreadsClient:
 
 
 class RunsClient:
-    """Runs: one agent execution on a thread, queued, streamed, awaited or cancelled."""
+    """Runs: one agent execution on a thread, queued, streamed, awaited or cancelled.
+
+    ``durability`` and ``checkpoint_during`` are accepted and always get the strongest: every step is
+    checkpointed as it happens. ``on_run_created`` is called with the new run's ids.
+    """
 
     def __init__(self, open: Opener, storage: Storage, registry: Registry, streams: Streams, queue: RunQueue,
                  mail: Mail, threads: ThreadsClient, follower: Follower) -> None:
