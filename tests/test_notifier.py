@@ -282,7 +282,6 @@ async def test_a_result_delivered_during_a_run_is_heard_once_however_the_run_end
     from backchannel import ModelError
 
     heard: list[str] = []  # task ids, each time a supervisor model call finds a notification new to it
-    replies = 0
 
     @tool
     def ask() -> str:
@@ -295,8 +294,6 @@ async def test_a_result_delivered_during_a_run_is_heard_once_however_the_run_end
         return "fidgeted"
 
     def boss(request):
-        nonlocal replies
-        replies += 1
         fresh = []
         for m in reversed(request.messages):
             if m.type == "ai":
@@ -334,10 +331,6 @@ async def test_a_result_delivered_during_a_run_is_heard_once_however_the_run_end
         expected = {"success": "success", "error": "error", "cancel": "interrupted", "interrupt": "success",
                     "iteration limit": "error"}[ending]
         assert run["status"] == expected, (run, ended)
-        if ending == "interrupt":  # the person answers; the resumed run goes on
-            thread = await rt.threads.get("t1")
-            assert thread["status"] == "interrupted"
-            await rt.runs.wait("t1", "supervisor", command={"resume": "yes"})
         await wait_until(lambda: heard, 10, what="the supervisor to hear the result")
         await quiet(rt, "t1")
         await asyncio.sleep(0.3)  # room for a second delivery to show up

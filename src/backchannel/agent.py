@@ -230,11 +230,28 @@ class Agent:
     async def _loop(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str) -> None:
         if not stage:
             return  # resumed after its last step: only the run's end (on_end hooks) is left
+        # Mail taken in from the inbox is acknowledged once a model call has heard it, or once the run
+        # ends or pauses with it in its state; a run that fails or is cancelled first leaves it for the next.
+        unheard: list[AnyMessage] = []
+        failed = False
+        try:
+            await self._steps(plan, state, ctx, stage, unheard)
+        except GraphInterrupt:
+            raise
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if unheard and not failed:
+                assert ctx.inbox is not None
+                await ctx.inbox.ack(unheard)
+
+    async def _steps(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str,
+                     unheard: list[AnyMessage]) -> None:
         name, _, index = stage.partition(":")
         start = int(index or 0)
         model_calls = 0
         woken = False  # after_agent sent a finished run back to the model
-        unheard: list[AnyMessage] = []  # mail taken in that no model call has seen yet
         while True:
             if name == "before_agent":
                 jump = await self._run_hooks(plan, "before_agent", state, ctx, start)
@@ -253,10 +270,10 @@ class Agent:
                         raise MaxIterationsError(limit)
                 woken = False
                 message = await self._call_model(plan, state, ctx)
-                if unheard:  # heard now: until then it stays in the inbox, for a later run if this one ends
+                if unheard:  # heard now
                     assert ctx.inbox is not None
                     await ctx.inbox.ack(unheard)
-                    unheard = []
+                    unheard.clear()
                 name = _stage_after_reply(plan, message)
                 await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)
                 if not name:

@@ -141,15 +141,14 @@ class Mail:
         if await self.storage.active_runs(thread_id):
             self.peers.mail(thread_id)  # its run may be executing in another process
             return  # a queued run will take the message
-        thread = await self.storage.get_thread(thread_id)
-        if thread is None:
-            raise NotFoundError(f"thread {thread_id!r} not found")
-        if thread.status == "interrupted" and thread.interrupts:
-            return  # it waits for a person: the run that resumes it takes the mail
         if assistant_id is None:
+            thread = await self.storage.get_thread(thread_id)
+            if thread is None:
+                raise NotFoundError(f"thread {thread_id!r} not found")
             assistant_id = thread.metadata.get("graph_id")
             if assistant_id is None:
                 raise InvalidRequestError(f"thread {thread_id!r} has never run an assistant; cannot wake it")
+        # (the queue reads the thread anyway, and says NotFoundError if it is gone)
         graph_id = self.registry.graph_id_of(assistant_id)
         # Resumable: no one created it to watch it, so a UI that learns of it late can still replay it.
         wake_up = NewRun(multitask_strategy="enqueue", wake=True, stream_resumable=True)
