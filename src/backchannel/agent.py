@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel.context import CallingTool, RunContext, current_tool_call, forward_events
+from backchannel.context import Breakpoints, CallingTool, RunContext, current_tool_call, forward_events
 from backchannel.errors import MaxIterationsError, MiddlewareError, StorageUnavailableError
 from backchannel.events import Event, EventBus, filter_metadata
 from backchannel.interrupts import GraphInterrupt, InterruptScope, current_scope
@@ -138,6 +138,11 @@ class Agent:
 
         return [*named("before_agent"), *named("before_model"), "model", *named("after_model"), "tools",
                 *named("after_agent")]
+
+    def tool_names(self) -> list[str]:
+        """The names of the tools the model can call: the agent's own and its middleware's."""
+        plan = self._plan or self._compile()
+        return sorted(plan.tools)
 
     def node_at(self, stage: str) -> str:
         """The node a run continuing at ``stage`` runs next."""
@@ -269,6 +274,8 @@ class Agent:
                     if model_calls > limit:
                         raise MaxIterationsError(limit)
                 woken = False
+                if self._breaks(ctx, "before", {"model"}):
+                    raise GraphInterrupt([], f"before_model:{len(plan.hooks['before_model'])}")
                 message = await self._call_model(plan, state, ctx)
                 if unheard:  # heard now
                     assert ctx.inbox is not None
@@ -278,6 +285,8 @@ class Agent:
                 await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)
                 if not name:
                     return
+                if self._breaks(ctx, "after", {"model"}):
+                    raise GraphInterrupt([], name)
             elif name == "after_model":
                 jump = await self._run_hooks(plan, "after_model", state, ctx, start)
                 if jump:
@@ -287,7 +296,12 @@ class Agent:
                     has_calls = last is not None and bool(last.tool_calls or last.invalid_tool_calls)
                     name = "tools" if has_calls else "after_agent"
             elif name == "tools":
+                called = {"tools", *_pending_tool_names(state)}
+                if self._breaks(ctx, "before", called):
+                    raise GraphInterrupt([], "tools")
                 name = "after_agent" if await self._run_tools(plan, state, ctx) else "before_model"
+                if self._breaks(ctx, "after", called):
+                    raise GraphInterrupt([], name)
             elif name == "after_agent":
                 if not await self._run_hooks(plan, "after_agent", state, ctx, start):
                     return
@@ -295,6 +309,19 @@ class Agent:
             else:
                 raise ValueError(f"cannot continue a run at unknown stage {stage!r}")
             start = 0
+
+    @staticmethod
+    def _breaks(ctx: RunContext, when: str, nodes: set[str]) -> bool:
+        """Whether the run pauses ``when`` ("before" or "after") one of ``nodes``. The first check of a run
+        resumed from a pause lets it through: that is where it paused."""
+        points = ctx.breakpoints
+        if points is None:
+            return False
+        if points.resumed:
+            ctx.breakpoints = Breakpoints(points.before, points.after)
+            return False
+        marked = points.before if when == "before" else points.after
+        return "*" in marked or bool(marked & nodes)
 
     async def _apply(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, node: str,
                      update: Mapping[str, Any], next_stage: str) -> None:
@@ -636,6 +663,12 @@ def _to_tool(obj: Any) -> Tool:
 def _last_id(state: Mapping[str, Any]) -> str:
     messages = state.get("messages")
     return messages[-1].id if messages else ""
+
+
+def _pending_tool_names(state: Mapping[str, Any]) -> list[str]:
+    """The tools the last AI message calls."""
+    last = _last_ai(state["messages"])
+    return [call["name"] for call in last.tool_calls] if last is not None else []
 
 
 def _stage_after_reply(plan: _Plan, message: AIMessage) -> str:

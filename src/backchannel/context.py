@@ -18,7 +18,7 @@ from backchannel.messages import AnyMessage
 from backchannel.protocols import HostRuntime, StoreAPI
 from backchannel.tracing import RunSpan, Trace
 
-__all__ = ["CallingTool", "Inbox", "RunContext", "StepRecorder", "current_tool_call", "forward_events"]
+__all__ = ["Breakpoints", "CallingTool", "Inbox", "RunContext", "StepRecorder", "current_tool_call", "forward_events"]
 
 
 class StepRecorder(Protocol):
@@ -44,6 +44,19 @@ class Inbox(Protocol):
         """Return once a message is waiting."""
 
 
+@dataclass(frozen=True, slots=True)
+class Breakpoints:
+    """Where a run pauses for a person to look before it goes on (LangGraph's ``interrupt_before`` and
+    ``interrupt_after``): ``model`` (the model call), ``tools`` (the tools step) or a tool's name.
+
+    ``resumed``: the run continues from such a pause, so the breakpoint it paused at lets it through once.
+    """
+
+    before: frozenset[str] = frozenset()
+    after: frozenset[str] = frozenset()
+    resumed: bool = False
+
+
 @dataclass(slots=True)
 class RunContext:
     """One agent run as hooks and tools see it."""
@@ -64,6 +77,7 @@ class RunContext:
     parent: RunContext | None = None
     deadline: float | None = None  # event-loop time by which the run must end (it then times out)
     max_iterations: int | None = None  # this run's limit of model calls, instead of the agent's
+    breakpoints: Breakpoints | None = None  # where this run pauses for a person to look
     trace: Trace = field(default_factory=Trace)  # what the run does, as spans (shared with nested runs)
     span: RunSpan | None = None  # this run's own span in it, while it runs
 

@@ -36,3 +36,20 @@ async def test_commands_in_langgraphs_shapes(make_runtime):
     with pytest.raises(InvalidRequestError, match="one step at a time"):
         await rt.runs.create(tid, "agent", command={"goto": ["model", {"node": "tools", "input": {}}]})
     assert len(await rt.runs.list(tid)) == 2
+
+
+async def test_breakpoints_pause_the_run_and_input_none_goes_on(make_runtime):
+    rt = await make_runtime({"agent": looping_agent(2)})
+    tid = (await rt.threads.create())["thread_id"]
+    await rt.runs.wait(tid, "agent", input=user("go"), interrupt_before=["tools"])
+    state = await rt.threads.get_state(tid)
+    assert state["next"] == ["tools"] and (await rt.threads.get(tid))["status"] == "interrupted"
+    await rt.runs.wait(tid, "agent", input=None, interrupt_before=["tools"])  # through it, to the next one
+    assert (await rt.threads.get_state(tid))["next"] == ["tools"]
+    done = await rt.runs.wait(tid, "agent", input=None)
+    assert done["messages"][-1]["content"] == "done after 2 steps"
+    assert (await rt.threads.get(tid))["status"] == "idle"
+    await rt.runs.wait(tid, "agent", input=user("again"), interrupt_after="*")
+    assert (await rt.threads.get_state(tid))["next"] == ["tools"]  # after the model step
+    with pytest.raises(InvalidRequestError, match="no step or tool named 'modle'"):
+        await rt.runs.create(tid, "agent", input=user("x"), interrupt_before=["modle"])

@@ -102,3 +102,36 @@ async def test_recursion_limit_through_the_sdk(client):
     assert result["__error__"]["error"] == "GraphRecursionError"
     calc = await client.runs.wait(None, "calc", input=user("2+3"), config={"recursion_limit": 3})
     assert last_text(calc) == "the answer is 5"  # model, tools, model: within 3 steps
+
+
+def test_breakpoints_pause_before_and_after_steps_and_tools(server, thread):
+    """Studio-style breakpoints: the run stops before (or after) a step, the thread waits ``interrupted`` with
+    ``next`` naming the step, and invoking with no input goes on from there."""
+    calc = RemoteGraph("calc", url=server.url)
+    paused = calc.invoke(user("2+3?"), thread, interrupt_before=["tools"])
+    assert paused["messages"][-1]["tool_calls"][0]["name"] == "add"  # the model asked; the tool has not run
+    state = calc.get_state(thread)
+    assert state.next == ("tools",) and state.tasks[0].name == "tools"
+    thread_row = httpx.get(f"{server.url}/threads/{thread['configurable']['thread_id']}").json()
+    assert thread_row["status"] == "interrupted" and thread_row["interrupts"] == {}  # a breakpoint: no question
+    assert last_text(calc.invoke(None, thread, interrupt_before=["tools"])) == "the answer is 5"  # passes it once
+    paused = calc.invoke(user("again"), thread, interrupt_after=["model"])
+    assert calc.get_state(thread).next == ("tools",) and paused["messages"][-1]["tool_calls"]
+    assert last_text(calc.invoke(None, thread)) == "the answer is 5"
+    calc.invoke(user("by name"), thread, interrupt_before=["add"])  # a tool's name
+    assert calc.get_state(thread).next == ("tools",)
+    calc.invoke(None, thread)
+    echo = RemoteGraph("echo", url=server.url)
+    other = {"configurable": {"thread_id": str(uuid.uuid4())}}
+    echo.invoke(user("wait"), other, interrupt_before="*")
+    assert echo.get_state(other).next == ("model",)
+    assert last_text(echo.invoke(None, other)) == "echo: wait"
+
+
+async def test_breakpoints_name_steps_and_tools_that_exist(client):
+    thread = await client.threads.create()
+    for option in ("interrupt_before", "interrupt_after"):
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            await client.runs.create(thread["thread_id"], "calc", input=user("x"), **{option: ["nonexistent"]})
+        assert refused.value.response.status_code == 422
+        assert "nonexistent" in refused.value.response.json()["detail"]

@@ -42,6 +42,7 @@ from backchannel.runtime.queue import NewRun, RunQueue
 from backchannel.runtime.registry import Registry
 from backchannel.runtime.rows import CheckpointRow, RunRow, RunStatus, ThreadRow, ThreadStatus
 from backchannel.runtime.run_options import (
+    breakpoint_nodes,
     check_input,
     check_state_update,
     check_stream_modes,
@@ -366,7 +367,7 @@ class RunsClient:
                       watched: bool = False, once: bool = False) -> dict[str, Any]:
         await self._open()
         graph_id = self._registry.graph_id_of(assistant_id)
-        run = _new_run(options, watched=watched, once=once)
+        run = _new_run(options, watched=watched, once=once, tools=self._registry.graphs[graph_id].tool_names())
         if run.webhook is not None:
             check_webhook_url(run.webhook)
         notification = notification_in(run.input) if thread_id is not None and run.command is None else None
@@ -563,7 +564,7 @@ def _check_on_disconnect(value: str | None) -> None:
         raise InvalidRequestError(f"on_disconnect must be 'cancel' or 'continue', not {value!r}")
 
 
-def _new_run(options: Mapping[str, Any], *, watched: bool, once: bool) -> NewRun:
+def _new_run(options: Mapping[str, Any], *, watched: bool, once: bool, tools: Sequence[str]) -> NewRun:
     """The run ``runs.create``'s options ask for, checked."""
     _refuse(langsmith_tracing=options.get("langsmith_tracing"), strict_resume=options.get("strict_resume"))
     if options.get("durability") not in _DURABILITY:
@@ -584,4 +585,6 @@ def _new_run(options: Mapping[str, Any], *, watched: bool, once: bool) -> NewRun
         on_completion=options.get("on_completion"), after_seconds=options.get("after_seconds"),
         timeout=options.get("timeout"), webhook=options.get("webhook"),
         concurrency_key=options.get("concurrency_key"), concurrency_limit=options.get("concurrency_limit"),
+        interrupt_before=breakpoint_nodes(options.get("interrupt_before"), "interrupt_before", tools),
+        interrupt_after=breakpoint_nodes(options.get("interrupt_after"), "interrupt_after", tools),
         watched=watched, once=once)

@@ -23,7 +23,7 @@ from typing import Any
 
 from backchannel._clock import now_iso
 from backchannel.agent import Agent, describe_error
-from backchannel.context import RunContext
+from backchannel.context import Breakpoints, RunContext
 from backchannel.errors import NotFoundError, StorageUnavailableError
 from backchannel.messages import AnyMessage, ToolMessage, messages_from_input, pending_tool_calls
 from backchannel.protocols import HostRuntime
@@ -169,7 +169,9 @@ class Executor:
             recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus,
                               pending=bool(pending), node_at=agent.node_at),
             inbox=inbox, resume=resume, pending_tools=pending, runtime=self.host,
-            max_iterations=iteration_limit(kwargs.get("config")))
+            max_iterations=iteration_limit(kwargs.get("config")),
+            breakpoints=_breakpoints(kwargs, resumed=resuming or (stage == state.next_stage
+                                                                  and not kwargs.get("input"))))
         if not stage and not resuming:  # nothing to run (a run resumed after its last step still ends: on_end)
             return state, RunResult("success", state.values)
         if kwargs.get("timeout"):
@@ -232,6 +234,7 @@ class Executor:
             status, stage, interrupts = "interrupted", result.stage, [i.to_dict() for i in result.interrupts]
         else:
             status, stage, interrupts = "success", "", []
+        # A breakpoint pauses with no question to answer: the thread waits all the same, at its next step.
         checkpoint_next = None
         if state.head is not None and state.head.next != stage:
             checkpoint_next = (state.head.checkpoint_id, stage)
@@ -239,7 +242,7 @@ class Executor:
         # As in LangGraph, a run that paused for a human succeeded: the thread is what waits
         # ("interrupted"). A run's own "interrupted" status means it was cancelled.
         has_mail = await self.storage.finish_run(RunEnd(
-            row.run_id, row.thread_id, "success", "interrupted" if interrupts else "idle", now_iso(),
+            row.run_id, row.thread_id, "success", "interrupted" if status == "interrupted" else "idle", now_iso(),
             interrupts=interrupts, checkpoint_next=checkpoint_next))
         return status, snapshot(result.state), has_mail
 
@@ -310,6 +313,14 @@ def _cancelled_tool_results(messages: list[AnyMessage]) -> list[ToolMessage]:
     _, calls = pending_tool_calls(messages)
     return [ToolMessage(f"Tool call {c.get('name')!r} (id {c['id']}) was cancelled before it finished.",
                         c["id"], c.get("name"), status="error") for c in calls]
+
+
+def _breakpoints(kwargs: Mapping[str, Any], *, resumed: bool) -> Breakpoints | None:
+    """Where the run pauses for a person to look (``resumed``: it goes on from such a pause)."""
+    before, after = kwargs.get("interrupt_before"), kwargs.get("interrupt_after")
+    if not before and not after:
+        return None
+    return Breakpoints(frozenset(before or ()), frozenset(after or ()), resumed=resumed)
 
 
 def _decode_pending(value: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:

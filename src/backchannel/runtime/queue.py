@@ -58,6 +58,8 @@ class NewRun:
     webhook: str | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    interrupt_before: list[str] | None = None  # steps and tools the run pauses before, for a person to look
+    interrupt_after: list[str] | None = None
     wake: bool = False  # a run that wakes an idle thread to take the mail waiting for it
     watched: bool = False  # its creator follows its stream from the start
     once: bool = False  # on a thread that exists, the thread's first run instead (the same call made again)
@@ -154,7 +156,8 @@ class RunQueue:
             "config": dict(config or {}), "context": run.context, "stream_mode": run.stream_mode,
             "stream_subgraphs": run.stream_subgraphs, "stream_resumable": run.stream_resumable,
             "checkpoint_id": run.checkpoint_id, "temporary": temporary and (run.on_completion or "delete") == "delete",
-            "timeout": run.timeout, "wake": run.wake, "webhook": run.webhook}
+            "timeout": run.timeout, "wake": run.wake, "webhook": run.webhook,
+            "interrupt_before": run.interrupt_before, "interrupt_after": run.interrupt_after}
         now = datetime.now(UTC)
         assistant = assistant_id_for(graph_id)
         metadata = {**thread.metadata, **(config or {}).get("metadata", {}), **dict(run.metadata or {}),

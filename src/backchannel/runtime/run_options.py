@@ -16,8 +16,8 @@ from backchannel.errors import InvalidRequestError
 from backchannel.messages import messages_from_input
 from backchannel.runtime.modes import STREAM_MODES
 
-__all__ = ["GOTO_NODES", "MAX_DELAY", "check_delay", "check_input", "check_state_update", "check_stream_modes",
-           "event_position", "iteration_limit", "normalize_command"]
+__all__ = ["GOTO_NODES", "MAX_DELAY", "breakpoint_nodes", "check_delay", "check_input", "check_state_update",
+           "check_stream_modes", "event_position", "iteration_limit", "normalize_command"]
 
 GOTO_NODES = ("model", "tools", "end", "__end__")  # the steps a command may send the run to
 MAX_DELAY = 10 * 366 * 24 * 3600  # after_seconds: ten years at most
@@ -101,6 +101,21 @@ def event_position(last_event_id: str | None) -> int:
         raise InvalidRequestError(f"Last-Event-ID {last_event_id[:40]!r} is not an event id this server sent "
                                   "(a number)")
     return int(last_event_id)
+
+
+def breakpoint_nodes(value: Any, option: str, tools: Sequence[str]) -> list[str] | None:
+    """``interrupt_before``/``interrupt_after``: ``"*"``, or steps (``model``, ``tools``) and tool names."""
+    if value is None:
+        return None
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise InvalidRequestError(f"{option} must be '*' or a list of step and tool names, not {value!r:.80}")
+    known = {"*", "model", "tools", *tools}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InvalidRequestError(f"{option}: no step or tool named {unknown[0]!r:.80}; use '*', 'model', 'tools' "
+                                  f"or one of the agent's tools {sorted(tools)}")
+    return list(names)
 
 
 def iteration_limit(config: Mapping[str, Any] | None) -> int | None:
