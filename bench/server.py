@@ -11,6 +11,9 @@ default); ``langgraph dev`` on its in-memory runtime.
   ``wrk`` when it is installed (``apt-get install wrk``): a Python client on the same two cores
   spends more CPU per request than the server does, and would measure itself;
 * **time to first event**: ``POST /threads/{id}/runs/stream`` until the first event after ``metadata``, p50;
+* **a run reaching a thread's follower**: with ``GET /threads/{id}/stream`` open, from sending a run that
+  nobody streams (a task notification's run, which wakes an idle thread on backchannel) until the follower
+  gets its first event, p50;
 * **peak RSS** of the server process (``VmHWM``) once every workload has run.
 
 Targets for backchannel on SQLite: p50 ≤ 5 ms, ≥ 1,000 runs/s, time to first event p50 ≤ 5 ms,
@@ -96,6 +99,7 @@ class Result:
     latency_p90_ms: float
     runs_per_second: float
     first_event_p50_ms: float
+    follower_first_event_p50_ms: float
     peak_rss_mib: float
 
 
@@ -202,9 +206,10 @@ async def measure(url: str, pid: int, settings: Settings) -> Result:
         pairs = sorted([await _create_and_wait(http) for _ in range(settings.latency_pairs)])
         runs_per_second = await _throughput(http, settings.throughput_seconds)
         firsts = sorted([await _first_event(http) for _ in range(settings.first_events)])
+        followed = sorted(await _follower_first_events(http, settings.first_events))
     return Result(latency_p50_ms=_pct(pairs, 50) * 1000, latency_p90_ms=_pct(pairs, 90) * 1000,
                   runs_per_second=runs_per_second, first_event_p50_ms=_pct(firsts, 50) * 1000,
-                  peak_rss_mib=peak_rss_mib(pid))
+                  follower_first_event_p50_ms=_pct(followed, 50) * 1000, peak_rss_mib=peak_rss_mib(pid))
 
 
 async def _create_and_wait(http: httpx.AsyncClient) -> float:
@@ -292,6 +297,43 @@ async def _first_event(http: httpx.AsyncClient) -> float:
     return elapsed
 
 
+async def _follower_first_events(http: httpx.AsyncClient, count: int) -> list[float]:
+    """Each time from sending a run nobody streams until a follower of its thread gets its first event."""
+    thread = (await http.post("/threads", json={})).raise_for_status().json()
+    tid = thread["thread_id"]
+    await http.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "echo", "input": USER})  # the thread's graph
+    lines: asyncio.Queue[str] = asyncio.Queue()
+
+    async def follow() -> None:
+        async with http.stream("GET", f"/threads/{tid}/stream") as response:
+            async for line in response.aiter_lines():
+                lines.put_nowait(line)
+
+    follower = asyncio.create_task(follow())
+    await asyncio.sleep(0.5)  # the follower is in
+    times = []
+    for i in range(count):
+        note = {"role": "user", "content": f"[task_id=t{i}][subagent=r] Completed. Result: {i}",
+                "additional_kwargs": {"task_notification": {"task_id": f"t{i}", "subagent": "r",
+                                                            "status": "success", "run_id": f"r{i}"}}}
+        started = time.perf_counter()
+        await http.post(f"/threads/{tid}/runs", json={"assistant_id": "echo", "input": {"messages": [note]}})
+        while not (await lines.get()).startswith("event: "):
+            pass  # the run's metadata: its first event
+        times.append(time.perf_counter() - started)
+        await _until_idle(http, tid)
+        while not lines.empty():
+            lines.get_nowait()
+    follower.cancel()
+    await asyncio.gather(follower, return_exceptions=True)
+    return times
+
+
+async def _until_idle(http: httpx.AsyncClient, thread_id: str) -> None:
+    while (await http.get(f"/threads/{thread_id}")).json()["status"] != "idle":
+        await asyncio.sleep(0.005)
+
+
 def _pct(values: list[float], pct: int) -> float:
     return values[min(len(values) - 1, len(values) * pct // 100)]
 
@@ -318,6 +360,7 @@ def render(results: dict[str, Any], out: Any) -> None:
             ("create + wait p90 (ms)", "latency_p90_ms", "", False),
             ("runs/s, 32 clients", "runs_per_second", "≥ 1,000", True),
             ("first event p50 (ms)", "first_event_p50_ms", "≤ 5", False),
+            ("run to thread follower p50 (ms)", "follower_first_event_p50_ms", "≤ 2", False),
             ("peak RSS (MiB)", "peak_rss_mib", "≤ 80", False)]
     for label, key, target, higher_is_better in rows:
         mine = ours[key]
