@@ -100,7 +100,7 @@ researcher = SlowWhenAsked(["Tea was first drunk in China, about 2700 BC."], loo
 async def noisy_tool() -> str:
     """Log a warning and warn, after a moment (while the person is typing)."""
     logging.getLogger("backchannel.chat_script").info("the noisy tool starts")
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(3.0)  # time for the test to reach the chat's question first, even on a loaded machine
     logging.getLogger("backchannel.chat_script").warning("a log line from the noisy tool")
     warnings.warn("a Python warning from the noisy tool", UserWarning, stacklevel=1)
     return "noise made"
