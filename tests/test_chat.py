@@ -390,7 +390,6 @@ def test_warnings_print_above_the_prompt_and_verbose_shows_the_librarys_log_line
     t.expect(r"handoff [0-9a-f-]{36} proposed for thread [0-9a-f-]{36}: model=scripted tokens_used=\d+")
     t.expect(r"accept, edit or reject\? \[a/e/r\]")
     t.expect(r"a Python warning from the noisy tool")
-    t.expect(r"📬 noisy finished: Made some noise\.")
     t.settle(1.0)
     screen = t.display()
     asked = [line for line in screen.splitlines() if "accept, edit or reject?" in line]
@@ -399,6 +398,8 @@ def test_warnings_print_above_the_prompt_and_verbose_shows_the_librarys_log_line
     assert re.search(r"(?m)^WARNING backchannel\.chat_script  a log line from the noisy tool$", screen)
     t.type("r")
     t.expect(r"handoff rejected: nothing changed")
+    t.expect(r"📬 noisy finished: Made some noise\.")  # the result waited for the decision, and is answered here
+    t.expect(r"agent › The researcher reports: Made some noise\.")
 
 
 def test_handoff_on_an_assistant_without_handoff_says_so_and_runs_nothing(home):

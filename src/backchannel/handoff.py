@@ -600,12 +600,15 @@ class HandoffMiddleware(Middleware):
                 isinstance(m, HumanMessage) and not _is_notification(m) for m in since):
             return None
         done = list(handoff.get("forwarded") or ())
-        fresh = [m for m in since if _is_notification(m) and m.id not in done]
+        notes = [m for m in since if _is_notification(m)]
+        fresh = [m for m in notes if m.id not in done]
         if fresh:
             await ctx.runtime.runs.create(child, _assistant_id(ctx), multitask_strategy="enqueue", input={
                 "messages": [_passed_on(m, ctx.thread_id, child) for m in fresh]})
             logger.info("handoff %s: %d task result(s) that reached thread %s passed on to %s",
                         handoff.get("handoff_id"), len(fresh), ctx.thread_id, child)
+        if ctx.inbox is not None:
+            await ctx.inbox.ack(notes)  # heard: passed on, so no later run of this thread takes them up again
         return {"handoff": {**handoff, "forwarded": [*done, *(m.id for m in fresh)]}, "jump_to": "end"}
 
     async def _accept(self, proposal: Mapping[str, Any], args: Mapping[str, Any] | None,
