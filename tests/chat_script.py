@@ -91,7 +91,15 @@ def delete_file(path: str) -> str:
     return f"deleted {path}"
 
 
-supervisor = SlowWhenAsked([_supervisor], loop=True, name="scripted")
+USAGE = {"input_tokens": 1200, "output_tokens": 34, "total_tokens": 1234}  # what each reply reports
+
+
+def _with_usage(request):
+    reply = _supervisor(request)
+    return {**(reply if isinstance(reply, dict) else {"content": reply}), "usage": USAGE}
+
+
+supervisor = SlowWhenAsked([_with_usage], loop=True, name="scripted")
 researcher = SlowWhenAsked(["Tea was first drunk in China, about 2700 BC."], loop=True, latency=2.0,
                            name="scripted")
 

@@ -201,6 +201,24 @@ def test_a_background_task_can_be_cancelled(chat):
     assert "📬" not in t.transcript  # a cancelled task does not report back
 
 
+def test_the_tokens_of_the_thread_are_on_the_status_line_and_in_detail_with_slash_tokens(chat):
+    t = chat()
+    t.type("hello there")
+    t.expect(r"You said: hello there")
+    t.screen_shows(rf"1,234 tokens · thread {t.thread} · /help")  # each reply of chat_script reports 1,234
+    t.type("hello again")
+    t.expect(r"You said: hello again")
+    t.screen_shows(rf"2,468 tokens · thread {t.thread} · /help")
+    t.type("/tokens")
+    t.expect(r"this thread: 2,468 tokens \(2,400 in, 68 out\) in 2 model calls")
+    t.type("/new")
+    t.expect(r"new thread [0-9a-f]{8}")
+    t.type("/tokens")
+    t.expect(r"this thread: no model calls")
+    t.type(f"/resume {t.thread}")
+    t.screen_shows(rf"2,468 tokens · thread {t.thread} · /help")  # a thread opened again shows its own
+
+
 def test_slash_commands_threads_resume_model_compact_and_hints(chat):
     t = chat()
     t.type("hello there")

@@ -38,6 +38,9 @@ def test_the_demo_shows_the_tasks_their_reports_and_the_verdict(tmp_path):
     assert tree.stdout.count("researcher") == 2 and "analyst" in tree.stdout
     shown = cli(tmp_path, "threads", "show", thread[:8], "--database", database)
     assert shown.returncode == 0 and "the verdict is Michael Jordan" in flat(shown.stdout)
+    # The demo's scripted models report no tokens, but every call counts: the supervisor's and its tasks'.
+    assert re.search(r"tokens › 0 tokens \(0 in, 0 out\) in \d+ model calls; researcher 0, analyst 0 \(its "
+                     r"background tasks' included\)", flat(shown.stdout)), shown.stdout
 
 
 def test_the_demo_keeps_its_own_state_and_the_chat_works_offline_right_after(tmp_path):

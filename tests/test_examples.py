@@ -26,6 +26,9 @@ EXPECTED = {
     "handoff.py": ["### Which came first, tea or coffee", "<current_thread_summary>",
                    "From my notes: Which came first"],
     "workspace.py": ["tea: oolong", "'content': 'take notes'"],
+    "tracing.py": ["span: chat scripted", "span: execute_tool add", "span: invoke_agent calc",
+                   "the run's usage: {'input_tokens': 240, 'output_tokens': 24, 'total_tokens': 264, 'model_calls': 2}",
+                   "  tool add      success"],
 }
 
 

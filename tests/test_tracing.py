@@ -13,12 +13,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from subagent_helpers import call, is_note, notes, policy, quiet, start, wait_until
+from subagent_helpers import notes, quiet, wait_until
+from tracing_agents import SUPERVISOR_RUN_USAGE, answering, counts, supervisor, sync_only_supervisor
 
-from backchannel import AIMessage, HumanMessage, ScriptedModel, ToolMessage, create_agent, tool
-from backchannel.deep_agent import create_deep_agent
+from backchannel import ScriptedModel, create_agent, tool
 from backchannel.runtime import LocalRuntime
-from backchannel.subagents import SubAgent
 from backchannel.tracing import configure_tracing
 
 
@@ -35,52 +34,6 @@ def spans():
     configure_tracing(spans_provider(exporter))
     yield exporter
     configure_tracing()
-
-
-@tool
-def flaky(x: int) -> int:
-    """Fail, always.
-
-    Args:
-        x: Anything.
-    """
-    raise ValueError(f"flaky failed on {x}")
-
-
-USAGE = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
-
-
-def supervisor_model():
-    """On the user's message: a sync subagent, two background ones and a failing tool, at once; then an answer."""
-    def reply(request):
-        last = request.messages[-1]
-        if isinstance(last, HumanMessage) and is_note(last):
-            return AIMessage(f"noted {last.additional_kwargs['task_notification']['subagent']}", usage_metadata=USAGE)
-        if isinstance(last, HumanMessage):
-            return AIMessage("", [
-                {**call("task", {"description": "sum it", "subagent_type": "researcher"}, "call_sync"),
-                 "type": "tool_call"},
-                {**start("analyst", "analyse", "call_analyst"), "type": "tool_call"},
-                {**start("writer", "write", "call_writer"), "type": "tool_call"},
-                {**call("flaky", {"x": 7}, "call_flaky"), "type": "tool_call"},
-            ], usage_metadata=USAGE)
-        assert isinstance(last, ToolMessage)
-        return AIMessage("all started", usage_metadata=USAGE)
-
-    return policy(reply)
-
-
-def answering(text, latency=0.0):
-    return ScriptedModel([AIMessage(text, usage_metadata={"input_tokens": 3, "output_tokens": 2,
-                                                            "total_tokens": 5})], loop=True, latency=latency)
-
-
-def supervisor():
-    return create_deep_agent(supervisor_model(), [flaky], general_purpose=False, subagents=[
-        SubAgent("researcher", "Researches.", model=answering("42")),
-        SubAgent("analyst", "Analyses.", background=True, model=answering("analysis", 0.3)),
-        SubAgent("writer", "Writes.", background=True, model=answering("draft", 0.6)),
-    ])
 
 
 def tree(finished):
@@ -294,31 +247,6 @@ async def test_a_run_picked_up_by_another_runtime_continues_the_trace_it_was_que
     (span,) = [s for s in spans.get_finished_spans() if s.name == "invoke_agent greeter"]
     assert span.context.trace_id == queued.get_span_context().trace_id
     assert span.parent.span_id == queued.get_span_context().span_id
-
-
-def counts(input_tokens, output_tokens, calls):
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-            "total_tokens": input_tokens + output_tokens, "model_calls": calls}
-
-
-# The supervisor's three calls report 10 + 5 each; the researcher's one 3 + 2 (see the models above).
-SUPERVISOR_RUN_USAGE = {**counts(3 * 10 + 3, 3 * 5 + 2, 4), "subagents": {"researcher": counts(3, 2, 1)}}
-
-
-def sync_only_supervisor():
-    """A sync subagent, then a failing tool, then the answer."""
-    def reply(request):
-        last = request.messages[-1]
-        if isinstance(last, HumanMessage):
-            calls = [call("task", {"description": "sum it", "subagent_type": "researcher"}, "c1")]
-        elif last.tool_call_id == "c1":
-            calls = [call("flaky", {"x": 1}, "c2")]
-        else:
-            return AIMessage("done", usage_metadata=USAGE)
-        return AIMessage("", [{**c, "type": "tool_call"} for c in calls], usage_metadata=USAGE)
-
-    return create_deep_agent(policy(reply), [flaky], general_purpose=False,
-                             subagents=[SubAgent("researcher", "Researches.", model=answering("42"))])
 
 
 async def test_the_final_event_of_a_run_carries_its_token_usage_subagents_included():

@@ -43,6 +43,7 @@ from backchannel._display import (
 from backchannel.errors import BackchannelError, InvalidRequestError, NotFoundError
 from backchannel.hitl import is_review_request
 from backchannel.messages import new_id
+from backchannel.usage import describe_usage
 
 __all__ = ["COMMANDS", "Chat", "find_thread", "run_chat"]
 
@@ -52,13 +53,14 @@ COMMANDS: dict[str, str] = {
     "/threads": "this assistant's threads",
     "/resume": "<id>  switch to a thread (the first characters of its id are enough)",
     "/tasks": "the background tasks of this thread",
+    "/tokens": "the tokens this thread used, its background tasks' included",
     "/cancel": "<task id>  cancel a background task",
     "/handoff": "[--preview | --apply]  continue in a new thread, seeded with a summary you approve",
     "/compact": "summarise the older messages now",
     "/model": "[provider:name]  show or switch the model for the next replies",
     "/quit": "leave (background tasks resume next time)",
 }
-_ALIASES = {"/exit": "/quit", "/q": "/quit", "/?": "/help"}
+_ALIASES = {"/exit": "/quit", "/q": "/quit", "/?": "/help", "/usage": "/tokens", "/cost": "/tokens"}
 _HISTORY_SHOWN = 6
 _POLL_SECONDS = 0.5
 _SEARCH_PAGE = 500
@@ -87,6 +89,7 @@ class Chat:
         self._exit = False
         self._sigints = 0
         self._last_run: tuple[str, str] | None = None  # (run id, status) of the thread's newest run, as last seen
+        self.usage: dict[str, Any] | None = None  # the thread's tokens as of its newest run's end, for the toolbar
         self._prompt: Any = None
         self._questions: Any = None
         self._ctrl_c: list[Callable[[], object]] = []  # who Ctrl-C goes to, innermost last
@@ -167,7 +170,8 @@ class Chat:
         if self.working:
             parts.append(Text(f" ⋯ {self.working}", style="italic cyan"))
         model = self.model_override or self.model
-        parts.append(Text(f" {self.assistant} · {model} · thread {self.thread_id[:8]} · /help", style="dim"))
+        tokens = f"{self.usage['total_tokens']:,} tokens · " if self.usage and self.usage["total_tokens"] else ""
+        parts.append(Text(f" {self.assistant} · {model} · {tokens}thread {self.thread_id[:8]} · /help", style="dim"))
         return ANSI(to_ansi(Group(*parts), self.console.width))
 
     async def _ask(self, message: str, *, default: str = "", multiline: bool = False) -> str | None:
@@ -409,6 +413,7 @@ class Chat:
         if latest == self._last_run and not force:
             return
         self._last_run = latest
+        self.usage = await self._usage()
         thread = await self.rt.threads.get(self.thread_id)
         values = thread.get("values") or {}
         for message in values.get("messages") or ():
@@ -431,6 +436,7 @@ class Chat:
         self.board.clear()
         self.shown.clear()
         self._last_run = None
+        self.usage = None
 
     async def _open(self, thread_id: str) -> None:
         """Switch to an existing thread and show its last messages."""
@@ -448,6 +454,7 @@ class Chat:
         self.board.todos = values.get("todos") or []
         runs = await self.rt.runs.list(thread_id, limit=1)
         self._last_run = (runs[0]["run_id"], runs[0]["status"]) if runs else None
+        self.usage = await self._usage()
 
     async def _threads(self) -> list[dict[str, Any]]:
         return await self.rt.threads.search(metadata={"graph_id": self.assistant}, limit=100,
@@ -516,6 +523,18 @@ class Chat:
             self.console.print("[dim]no background tasks in this thread[/]")
             return
         self.console.print(self.board.table())
+
+    async def _cmd_tokens(self, arg: str) -> None:
+        self.usage = await self._usage()
+        self.console.print(f"[dim]this thread: {describe_usage(self.usage)}[/]")
+
+    async def _usage(self) -> dict[str, Any] | None:
+        """The thread's token usage, its background tasks' included (``None`` for a thread not created yet)."""
+        try:
+            usage: dict[str, Any] = (await self.rt.timeline(self.thread_id, spans=False))["usage"]
+        except NotFoundError:
+            return None
+        return usage
 
     async def _cmd_cancel(self, arg: str) -> None:
         matches = self.board.find(arg) if arg else []

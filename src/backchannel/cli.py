@@ -37,6 +37,7 @@ from backchannel._display import STREAM_MODES, StreamView, TaskBoard, show_logs,
 from backchannel.config import resolve_model
 from backchannel.errors import BackchannelError
 from backchannel.messages import text_of
+from backchannel.usage import describe_usage
 
 __all__ = ["main", "resolve_model"]
 
@@ -156,6 +157,8 @@ async def run_threads(action: str, thread_id: str | None, database: str, console
             state = await rt.threads.get_state(thread_id)
             for m in state["values"].get("messages", []):
                 console.print(Text.assemble((f"{m['type']:>6} › ", "bold"), text_of(m["content"])[:500]))
+            usage = (await rt.timeline(thread_id, spans=False))["usage"]
+            console.print(Text(f"tokens › {describe_usage(usage)} (its background tasks' included)", style="dim"))
         elif action == "tree":
             await _print_tree(rt, thread_id, console, depth=0)
     return 0

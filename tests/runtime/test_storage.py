@@ -106,6 +106,36 @@ async def test_finish_run_leaves_the_thread_busy_while_another_run_waits(storage
     assert (await storage.get_thread("t1")).status == "idle"
 
 
+async def test_a_runs_end_keeps_its_usage_in_its_row_and_its_spans_apart(storage):
+    now = now_iso()
+    for t in ("t1", "t2"):
+        await storage.create_thread(ThreadRow(t, now, now, status="busy"))
+    done, other = _run("t1", status="running"), _run("t2", status="running")
+    failed, quiet = _run("t1"), _run("t1")
+    for run in (done, failed, quiet, other):
+        await storage.create_run(run)
+    assert (await storage.get_run(done.run_id)).usage is None  # until it ends
+    usage = {"input_tokens": 12, "output_tokens": 3, "total_tokens": 15, "model_calls": 2,
+             "subagents": {"researcher": {"input_tokens": 2, "output_tokens": 1, "total_tokens": 3, "model_calls": 1}}}
+    spans = [{"id": 0, "parent": None, "kind": "run", "name": "agent", "start": 1.5, "end": 2.25,
+              "status": "success", "usage": usage},
+             {"id": 1, "parent": 0, "kind": "tool", "name": "add", "start": 1.75, "end": 2.0, "status": "error",
+              "tool_call_id": "c1", "error": "Error: tool 'add' failed: ValueError: x ✓"}]
+    await storage.finish_run(RunEnd(done.run_id, "t1", "success", "idle", now, usage=usage, spans=spans))
+    await storage.finish_run(RunEnd(failed.run_id, "t1", "error", "error", now, error={"type": "E", "message": "m"},
+                                    usage={**usage, "model_calls": 1}, spans=spans[:1]))
+    await storage.finish_run(RunEnd(quiet.run_id, "t1", "interrupted", "idle", now))  # cancelled before it ran
+    await storage.finish_run(RunEnd(other.run_id, "t2", "success", "idle", now, usage=usage, spans=spans))
+    assert (await storage.get_run(done.run_id)).usage == usage
+    assert [r.usage for r in await storage.list_runs("t1")] == [None, {**usage, "model_calls": 1}, usage]
+    assert await storage.run_spans("t1") == {done.run_id: spans, failed.run_id: spans[:1]}
+    assert await storage.delete_run(failed.run_id)
+    assert await storage.run_spans("t1") == {done.run_id: spans}
+    assert await storage.delete_thread("t1")
+    assert await storage.run_spans("t1") == {}
+    assert await storage.run_spans("t2") == {other.run_id: spans}
+
+
 async def test_requeue_orphans_hands_dead_workers_runs_over(storage):
     now = now_iso()
     await storage.create_thread(ThreadRow("t1", now, now))

@@ -41,3 +41,16 @@ def start_chromium(profile: Path) -> Any:
     chrome = webdriver.Chrome(service=Service(driver), options=options)
     chrome.set_page_load_timeout(30)
     return chrome
+
+
+def wait_for(browser: Any, condition: Any, timeout: float = 20, what: str = "") -> Any:
+    """``condition()``'s first truthy value, polled every 50 ms (a timeout fails with ``what``)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(lambda d: condition(), message=what)
+
+
+def no_console_errors(browser: Any) -> None:
+    """Fails if the page logged an error to the console."""
+    errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert not errors, errors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from browser_helpers import start_chromium
 from server_agents import AGENTS
 from server_helpers import ThreadServer
 
@@ -37,3 +38,11 @@ def sync_client(server):
     client = get_sync_client(url=server.url, api_key=None)
     yield client
     client.http.client.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium driven by Selenium (skipped without Chromium, failed in CI), one per test module."""
+    chrome = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
+    yield chrome
+    chrome.quit()

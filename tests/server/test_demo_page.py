@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from browser_helpers import start_chromium
+from browser_helpers import no_console_errors, wait_for
 from server_helpers import ThreadServer, free_port
 
 from backchannel import ScriptedModel
@@ -126,7 +126,7 @@ def test_the_page_files_are_in_the_wheel(tmp_path):
 
     (wheel,) = tmp_path.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("index.html", "demo.js", "demo.css"):
+    for name in ("index.html", "demo.js", "demo.css", "api.js", "timeline.html", "timeline.js", "timeline.css"):
         assert f"backchannel/server/web/{name}" in names
 
 
@@ -135,20 +135,6 @@ def test_the_page_files_are_in_the_wheel(tmp_path):
 CARDS_JS = """return [...document.querySelectorAll('.card')].map((c) => ({
   task_id: c.dataset.taskId, subagent: c.dataset.subagent, status: c.dataset.status, history: c.dataset.history,
   description: c.querySelector('.desc').textContent, elapsed: c.querySelector('.elapsed').textContent}));"""
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    """Headless Chromium driven by chromedriver (Selenium), on a fresh profile."""
-    chrome = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
-    yield chrome
-    chrome.quit()
-
-
-def wait_for(browser: Any, condition: Any, timeout: float = 20, what: str = "") -> Any:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(lambda d: condition(), message=what)
 
 
 def cards(browser: Any) -> list[dict[str, str]]:
@@ -177,11 +163,6 @@ def chat_texts(browser: Any, selector: str) -> list[str]:
 def _said(browser: Any, text: str) -> bool:
     """Whether an AI message on the page contains ``text``."""
     return any(text in t for t in chat_texts(browser, ".msg.ai .text"))
-
-
-def no_console_errors(browser: Any) -> None:
-    errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
-    assert not errors, errors
 
 
 def open_page(browser: Any, url: str) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from browser_agents import BROWSER_AGENTS, TYPED
-from browser_helpers import start_chromium
 from js_helpers import JS, node_modules
 from server_helpers import ThreadServer
 
@@ -53,13 +52,6 @@ def api(tmp_path_factory) -> Iterator[str]:
     runtime = LocalRuntime(f"sqlite:///{db}", {name: served(agent) for name, agent in BROWSER_AGENTS.items()})
     with ThreadServer(create_app(runtime, heartbeat=0.5)) as live:
         yield live.url
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    chrome = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
-    yield chrome
-    chrome.quit()
 
 
 def wait_for(browser: Any, condition: Any, what: str, timeout: float = 30) -> Any:

@@ -19,7 +19,7 @@ __all__ = ["SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "LazyDelta", "checkpoint_c
            "thread_changes", "thread_row", "thread_values"]
 
 SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
-THREAD_TABLES = ("runs", "checkpoints", "pending_writes", "inbox")  # what else a thread owns, by thread_id
+THREAD_TABLES = ("runs", "run_spans", "checkpoints", "pending_writes", "inbox")  # what else a thread owns
 # What SQL sorts threads by for each sortable name: a column, or when the state last changed (the
 # newest checkpoint's time; the thread's own for a thread without one).
 THREAD_SORT_SQL = {"state_updated_at": "coalesce((SELECT c.created_at FROM checkpoints c WHERE c.thread_id = "
@@ -42,7 +42,8 @@ def thread_values(row: ThreadRow) -> tuple[Any, ...]:
 def run_values(row: RunRow) -> tuple[Any, ...]:
     return (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
             dump(row.metadata), dump(row.kwargs), row.multitask_strategy, row.worker_id, row.scheduled_at,
-            dump(row.error) if row.error else None, row.concurrency_key, row.concurrency_limit)
+            dump(row.error) if row.error else None, row.concurrency_key, row.concurrency_limit,
+            dump(row.usage) if row.usage else None)
 
 
 def checkpoint_values(row: CheckpointRow) -> tuple[Any, ...]:
@@ -72,7 +73,8 @@ def thread_row(row: tuple[Any, ...]) -> ThreadRow:
 
 def run_row(row: tuple[Any, ...]) -> RunRow:
     return RunRow(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), json.loads(row[7]),
-                  row[8], row[9], row[10], json.loads(row[11]) if row[11] else None, row[12], row[13])
+                  row[8], row[9], row[10], json.loads(row[11]) if row[11] else None, row[12], row[13],
+                  json.loads(row[14]) if row[14] else None)
 
 
 class LazyDelta(Mapping[str, Any]):

@@ -43,13 +43,14 @@ from backchannel.runtime.webhooks import post_webhook
 from backchannel.runtime.wire import input_update, render_error, render_run, resume_map
 from backchannel.serde import to_jsonable
 from backchannel.state import Reducer, snapshot
-from backchannel.tracing import continued_from
+from backchannel.tracing import Trace, continued_from
 
 __all__ = ["Executor"]
 
 logger = logging.getLogger("backchannel")
 
 _GOTO_STAGES = {"model": "before_model", "tools": "tools", "__end__": "", "end": ""}
+SPANS_KEPT = 2_000  # spans a run keeps for its timeline; a run with more keeps its first ones
 _RETRY_FIRST, _RETRY_LAST = 0.1, 5.0  # seconds between tries to record a run's end the database refused
 
 
@@ -82,12 +83,13 @@ class Executor:
         has_mail = False
         stored: RunStatus | None = "error"  # the run's status as stored (None: rolled back, gone)
         agent = self.registry.agent_of(row.assistant_id)
+        trace = Trace()  # what the run does, kept with its end
         try:
             try:
                 if agent is None:
                     raise NotFoundError(f"assistant {row.assistant_id!r} is not registered in this runtime")
-                state, result = await self._run_agent(row, agent, stream)
-                status, values, has_mail = await self._finish(row, agent, state, result)
+                state, result = await self._run_agent(row, agent, stream, trace)
+                status, values, has_mail = await self._finish(row, agent, state, result, trace)
                 stored = "success"  # also when it paused for a human (see _finish)
                 stream.interrupts = [i.to_dict() for i in result.interrupts]
             except asyncio.CancelledError:
@@ -95,18 +97,18 @@ class Executor:
                 if action is None:  # the runtime is closing: leave the run to be resumed
                     stream.finish("interrupted")
                     raise
-                status = await self._cancelled(row, action)
+                status = await self._cancelled(row, action, trace)
                 stored = None if action == "rollback" else "interrupted"
             except TimeoutError:
                 status, error = "timeout", {"type": "TimeoutError", "message": "the run exceeded its timeout"}
                 stored = status
-                await self._fail(row, status, error)
+                await self._fail(row, status, error, trace)
             except Exception as exc:
                 if _storage_lost(exc):
                     raise
                 error = describe_error(exc)
                 stream.exception = exc
-                await self._fail(row, "error", error)
+                await self._fail(row, "error", error, trace)
         except Exception as exc:
             if not _storage_lost(exc):
                 raise
@@ -122,7 +124,7 @@ class Executor:
         # Joiners read how the run ended from its stream, not from storage.
         stream.final_values = values
         if stored is not None:
-            stream.final_row = replace(row, status=stored, error=error, updated_at=now_iso())
+            stream.final_row = replace(row, status=stored, error=error, updated_at=now_iso(), usage=_usage(trace))
         if row.kwargs.get("temporary"):
             with contextlib.suppress(StorageUnavailableError):  # its thread stays, for want of a database
                 await self._drop_temporary(row, stream)
@@ -149,7 +151,8 @@ class Executor:
             payload["error"] = render_error(error)
         self._spawn(post_webhook(row.kwargs["webhook"], payload))
 
-    async def _run_agent(self, row: RunRow, agent: Agent, stream: RunStream) -> tuple[ThreadState, RunResult]:
+    async def _run_agent(self, row: RunRow, agent: Agent, stream: RunStream,
+                         trace: Trace) -> tuple[ThreadState, RunResult]:
         kwargs = row.kwargs
         reducers = agent.state_reducers()
         state = await self._load_state(row, reducers)
@@ -169,7 +172,7 @@ class Executor:
             recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus,
                               pending=bool(pending), node_at=agent.node_at),
             inbox=inbox, resume=resume, pending_tools=pending, runtime=self.host,
-            max_iterations=iteration_limit(kwargs.get("config")),
+            max_iterations=iteration_limit(kwargs.get("config")), trace=trace,
             breakpoints=_breakpoints(kwargs, resumed=resuming or (stage == state.next_stage
                                                                   and not kwargs.get("input"))))
         if not stage and not resuming:  # nothing to run (a run resumed after its last step still ends: on_end)
@@ -223,8 +226,8 @@ class Executor:
             stream.publish("values", snapshot(state.values), agent=agent.graph_name, thread_id=row.thread_id)
         return "before_agent", resume
 
-    async def _finish(self, row: RunRow, agent: Agent, state: ThreadState,
-                      result: RunResult) -> tuple[RunStatus, dict[str, Any], bool]:
+    async def _finish(self, row: RunRow, agent: Agent, state: ThreadState, result: RunResult,
+                      trace: Trace) -> tuple[RunStatus, dict[str, Any], bool]:
         """Record the end of a run that succeeded or paused; returns its status as streams show it, its final
         values and whether mail waits for the thread."""
         if not state.newest:  # the run wrote nothing after the checkpoint it started from
@@ -243,7 +246,7 @@ class Executor:
         # ("interrupted"). A run's own "interrupted" status means it was cancelled.
         has_mail = await self.storage.finish_run(RunEnd(
             row.run_id, row.thread_id, "success", "interrupted" if status == "interrupted" else "idle", now_iso(),
-            interrupts=interrupts, checkpoint_next=checkpoint_next))
+            interrupts=interrupts, checkpoint_next=checkpoint_next, usage=_usage(trace), spans=_spans(trace)))
         return status, snapshot(result.state), has_mail
 
     async def _drop_temporary(self, row: RunRow, stream: RunStream) -> None:
@@ -253,11 +256,11 @@ class Executor:
         else:
             await self.queue.drop_thread(row.thread_id)
 
-    async def _fail(self, row: RunRow, status: RunStatus, error: dict[str, Any]) -> None:
+    async def _fail(self, row: RunRow, status: RunStatus, error: dict[str, Any], trace: Trace) -> None:
         self.checkpoints.forget(row.thread_id)
         # A thread's error has LangGraph's shape: {"error": <type>, "message": ...}.
         await self._record_end(RunEnd(row.run_id, row.thread_id, status, "error", now_iso(), error=error,
-                                      thread_error=render_error(error)))
+                                      thread_error=render_error(error), usage=_usage(trace), spans=_spans(trace)))
 
     async def _record_end(self, end: RunEnd) -> bool:
         """Record how a run ended; returns whether mail waits for its thread. If the database refuses it, the
@@ -279,7 +282,7 @@ class Executor:
             else:
                 return
 
-    async def _cancelled(self, row: RunRow, action: CancelAction) -> RunStatus:
+    async def _cancelled(self, row: RunRow, action: CancelAction, trace: Trace) -> RunStatus:
         self.checkpoints.forget(row.thread_id)
         error = None
         if action == "rollback":
@@ -292,7 +295,8 @@ class Executor:
         thread = await self.storage.get_thread(row.thread_id)
         waiting = thread is not None and bool(thread.interrupts)
         await self._record_end(RunEnd(row.run_id, row.thread_id, "interrupted",
-                                      "interrupted" if waiting else "idle", now_iso(), thread_error=error))
+                                      "interrupted" if waiting else "idle", now_iso(), thread_error=error,
+                                      usage=_usage(trace), spans=_spans(trace)))
         if action == "rollback":
             with contextlib.suppress(StorageUnavailableError):
                 await self.storage.delete_run(row.run_id)
@@ -306,6 +310,16 @@ def _storage_lost(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__
     return False
+
+
+def _usage(trace: Trace) -> dict[str, Any] | None:
+    """A run's token usage as its row keeps it (``None`` when the agent never ran)."""
+    return trace.usage if trace.runs else None
+
+
+def _spans(trace: Trace) -> list[dict[str, Any]] | None:
+    """A run's spans as storage keeps them: the first :data:`SPANS_KEPT` (its runs first)."""
+    return trace.span_dicts()[:SPANS_KEPT] if trace.runs else None
 
 
 def _cancelled_tool_results(messages: list[AnyMessage]) -> list[ToolMessage]:

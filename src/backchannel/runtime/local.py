@@ -43,6 +43,7 @@ from backchannel.runtime.rows import RunRow
 from backchannel.runtime.scheduler import Scheduler
 from backchannel.runtime.storage import Storage
 from backchannel.runtime.streams import RunStream, Streams
+from backchannel.runtime.timeline import thread_timeline
 
 __all__ = ["DEFAULT_STORE", "LocalRuntime", "assistant_id_for"]
 
@@ -211,6 +212,12 @@ class LocalRuntime:
         (kept in its store until that server has taken it)."""
         await self.open()
         await self.outbox.put(key, url=url, thread_id=thread_id, assistant_id=assistant_id, message=message)
+
+    async def timeline(self, thread_id: str, *, spans: bool = True) -> dict[str, Any]:
+        """What the thread's runs and its background tasks' runs did: their spans and token usage
+        (:mod:`backchannel.runtime.timeline`); ``spans=False`` for the usage alone."""
+        await self.open()
+        return await thread_timeline(self.storage, thread_id, spans=spans)
 
     # -- the agent's thread API --------------------------------------------------
 

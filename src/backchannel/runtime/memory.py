@@ -46,6 +46,7 @@ class MemoryStorage(Storage):
         self._threads: dict[str, ThreadRow] = {}
         self._runs: dict[str, RunRow] = {}
         self._runs_of: dict[str, list[str]] = {}  # thread -> its run ids, oldest first
+        self._spans: dict[str, list[dict[str, Any]]] = {}  # run -> the spans it recorded
         self._order: dict[str, int] = {}  # run -> creation order (ties in timestamps happen)
         self._pending: dict[str, None] = {}  # pending run ids, in creation order
         self._running_thread: dict[str, str] = {}  # thread -> its running run
@@ -166,6 +167,7 @@ class MemoryStorage(Storage):
             return False
         self._unindex(row)
         del self._runs[run_id]
+        self._spans.pop(run_id, None)
         self._order.pop(run_id, None)
         self._runs_of[row.thread_id].remove(run_id)
         return True
@@ -193,8 +195,10 @@ class MemoryStorage(Storage):
     async def finish_run(self, end: RunEnd) -> bool:
         run = self._runs.get(end.run_id)
         if run is not None:
-            run.error = end.error
+            run.error, run.usage = end.error, end.usage
             self._set_status(run, end.status, end.updated_at)
+            if end.spans is not None:
+                self._spans[end.run_id] = end.spans
         thread = self._threads.get(end.thread_id)
         if thread is not None:
             busy = any(self._runs[r].status in ACTIVE for r in self._runs_of.get(end.thread_id, ()))
@@ -206,6 +210,9 @@ class MemoryStorage(Storage):
         if end.checkpoint_next is not None:
             await self.set_checkpoint_next(end.thread_id, *end.checkpoint_next)
         return any(not entry[1] for entry in self._inbox.get(end.thread_id, {}).values())
+
+    async def run_spans(self, thread_id: str) -> dict[str, list[dict[str, Any]]]:
+        return {r: self._spans[r] for r in self._runs_of.get(thread_id, ()) if r in self._spans}
 
     async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
         row = self._runs.get(run_id)

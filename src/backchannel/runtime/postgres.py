@@ -109,11 +109,16 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, payload TEXT NOT NULL,
             created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     ),
+    (  # what an ended run used and did: its token usage in its row, its spans (a timeline's data) apart
+        "ALTER TABLE runs ADD COLUMN usage TEXT",
+        "CREATE TABLE run_spans (run_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, spans TEXT NOT NULL)",
+        "CREATE INDEX run_spans_by_thread ON run_spans(thread_id)",
+    ),
 )
 
 _THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, interrupts, error"
 _RUN_COLUMNS = ("run_id, thread_id, assistant_id, created_at, updated_at, status, metadata, kwargs, "
-                "multitask_strategy, worker_id, scheduled_at, error, concurrency_key, concurrency_limit")
+                "multitask_strategy, worker_id, scheduled_at, error, concurrency_key, concurrency_limit, usage")
 _CHECKPOINT_COLUMNS = "thread_id, seq, checkpoint_id, parent_id, run_id, delta, next, metadata, created_at"
 _ITEM_COLUMNS = "namespace, key, value::text, created_at, updated_at"
 
@@ -282,7 +287,7 @@ class PostgresStorage(Storage):
 
     async def create_run(self, row: RunRow) -> None:
         await self._write(
-            f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             run_values(row))
 
     async def get_run(self, run_id: str) -> RunRow | None:
@@ -290,7 +295,9 @@ class PostgresStorage(Storage):
         return run_row(found) if found else None
 
     async def delete_run(self, run_id: str) -> bool:
-        return bool(await self._write("DELETE FROM runs WHERE run_id = %s", (run_id,)))
+        return bool(await self._write_one(
+            "WITH s AS (DELETE FROM run_spans WHERE run_id = %(run)s) "
+            "DELETE FROM runs WHERE run_id = %(run)s RETURNING 1", {"run": run_id}))
 
     async def list_runs(self, thread_id: str, *, status: RunStatus | None = None, limit: int = 10,
                         offset: int = 0) -> list[RunRow]:
@@ -349,8 +356,10 @@ class PostgresStorage(Storage):
         # mail after it was released sees the run ended (and wakes the thread).
         checkpoint_id, stage = end.checkpoint_next or (None, None)
         updated = self._queue(
-            "WITH r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s "
-            "  WHERE run_id = %(run)s), "
+            "WITH r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s, "
+            "  usage = %(usage)s WHERE run_id = %(run)s), "
+            "s AS (INSERT INTO run_spans SELECT %(run)s, %(thread)s, %(spans)s::text WHERE %(spans)s::text IS NOT NULL "
+            "  ON CONFLICT (run_id) DO UPDATE SET spans = excluded.spans), "
             "t AS (UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s "
             "  AND run_id <> %(run)s AND status IN ('pending', 'running')) THEN 'busy' ELSE %(thread_status)s END, "
             "  error = %(thread_error)s, updated_at = %(at)s, interrupts = coalesce(%(interrupts)s, interrupts) "
@@ -362,12 +371,17 @@ class PostgresStorage(Storage):
              "run": end.run_id, "thread": end.thread_id, "thread_status": end.thread_status,
              "thread_error": dump(end.thread_error) if end.thread_error else None,
              "interrupts": None if end.interrupts is None else dump(end.interrupts),
-             "stage": stage, "checkpoint": checkpoint_id}, "rowcount")
+             "stage": stage, "checkpoint": checkpoint_id, "usage": dump(end.usage) if end.usage else None,
+             "spans": None if end.spans is None else dump(end.spans)}, "rowcount")
         # Queued at once, so it follows the update in the same batch (a statement, not a round trip, more).
         found = await self._queue("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %s AND NOT delivered)",
                                   (end.thread_id,), "one")
         await updated
         return bool(found and found[0])
+
+    async def run_spans(self, thread_id: str) -> dict[str, list[dict[str, Any]]]:
+        rows = await self._all("SELECT run_id, spans FROM run_spans WHERE thread_id = %s", (thread_id,))
+        return {run_id: json.loads(spans) for run_id, spans in rows}
 
     async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
         # The thread's update sees the runs as they were before the statement, the dropped one still

@@ -82,6 +82,12 @@ class RemoteRuntime:
         """Close the connections to the server."""
         await self._http.close()
 
+    async def timeline(self, thread_id: str, *, spans: bool = True) -> dict[str, Any]:
+        """What the thread's runs and its background tasks' runs did (``GET /threads/{id}/timeline``)."""
+        result: dict[str, Any] = await self._http.request("GET", f"/threads/{_q(thread_id)}/timeline",
+                                                          params={"spans": spans})
+        return result
+
 
 class _Http:
     """Requests to one server, with its errors turned into backchannel's."""

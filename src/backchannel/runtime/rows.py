@@ -50,6 +50,7 @@ class RunRow:
     error: dict[str, Any] | None = None
     concurrency_key: str | None = None  # runs sharing a key run at most concurrency_limit at a time
     concurrency_limit: int | None = None
+    usage: dict[str, Any] | None = None  # the tokens it used (backchannel.usage), once it has ended
 
 
 @dataclass(slots=True)
@@ -80,6 +81,8 @@ class RunEnd:
     thread_error: dict[str, Any] | None = None  # the thread's error, in LangGraph's shape
     interrupts: list[dict[str, Any]] | None = None  # the thread's pending interrupts (None: unchanged)
     checkpoint_next: tuple[str, str] | None = None  # (checkpoint_id, stage): where the thread continues
+    usage: dict[str, Any] | None = None  # the tokens the run used (backchannel.usage)
+    spans: list[dict[str, Any]] | None = None  # what it did (backchannel.tracing.Trace.span_dicts)
 
 
 @dataclass(slots=True)

@@ -118,6 +118,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # find the checkpoints through (thread_id, seq) instead, and a step writes a third less.
         "DROP INDEX checkpoints_by_id",
     ),
+    (
+        # What an ended run used and did: its token usage in its row, its spans (a timeline's data,
+        # only read for one) in a table of their own.
+        "ALTER TABLE runs ADD COLUMN usage TEXT",
+        "CREATE TABLE run_spans (run_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, spans TEXT NOT NULL)",
+        "CREATE INDEX run_spans_by_thread ON run_spans(thread_id)",
+    ),
 )
 
 _OPEN: dict[str, weakref.WeakSet[SQLiteStorage]] = {}  # this process's open storages, by file
@@ -407,14 +414,18 @@ class SQLiteStorage(Storage):
     # -- runs
 
     async def create_run(self, row: RunRow) -> None:
-        await self._write("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", run_values(row))
+        await self._write("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", run_values(row))
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return run_row(found) if found else None
 
     async def delete_run(self, run_id: str) -> bool:
-        return bool(await self._write("DELETE FROM runs WHERE run_id = ?", (run_id,)))
+        with self._transaction() as db:
+            db.execute("DELETE FROM run_spans WHERE run_id = ?", (run_id,))
+            deleted = db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount
+        await self._committed()
+        return bool(deleted)
 
     async def list_runs(self, thread_id: str, *, status: RunStatus | None = None, limit: int = 10,
                         offset: int = 0) -> list[RunRow]:
@@ -453,8 +464,12 @@ class SQLiteStorage(Storage):
 
     async def finish_run(self, end: RunEnd) -> bool:
         with self._transaction() as db:
-            db.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
-                       (end.status, dump(end.error) if end.error else None, end.updated_at, end.run_id))
+            db.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, usage = ? WHERE run_id = ?",
+                       (end.status, dump(end.error) if end.error else None, end.updated_at,
+                        dump(end.usage) if end.usage else None, end.run_id))
+            if end.spans is not None:
+                db.execute("INSERT OR REPLACE INTO run_spans VALUES (?, ?, ?)",
+                           (end.run_id, end.thread_id, dump(end.spans)))
             db.execute(
                 "UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = ? AND status IN "
                 "('pending', 'running')) THEN 'busy' ELSE ? END, error = ?, updated_at = ?, "
@@ -469,6 +484,10 @@ class SQLiteStorage(Storage):
             has_mail = bool(found.fetchone()[0])
         await self._committed()
         return has_mail
+
+    async def run_spans(self, thread_id: str) -> dict[str, list[dict[str, Any]]]:
+        rows = self.db.execute("SELECT run_id, spans FROM run_spans WHERE thread_id = ?", (thread_id,))
+        return {run_id: json.loads(spans) for run_id, spans in rows.fetchall()}
 
     async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
         with self._transaction() as db:

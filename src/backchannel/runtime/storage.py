@@ -110,10 +110,14 @@ class RunStorage(Protocol):
 
     @abc.abstractmethod
     async def finish_run(self, end: RunEnd) -> bool:
-        """Record a run's end: its status and error; its thread's status (see the finish rule), error and
-        interrupts; and, if given, the ``next`` stage of the checkpoint the run stopped at. Returns whether
-        the thread has undelivered inbox messages.
+        """Record a run's end: its status, error and usage, and its spans if given; its thread's status (see
+        the finish rule), error and interrupts; and, if given, the ``next`` stage of the checkpoint the run
+        stopped at. Returns whether the thread has undelivered inbox messages.
         """
+
+    @abc.abstractmethod
+    async def run_spans(self, thread_id: str) -> dict[str, list[dict[str, Any]]]:
+        """The spans each ended run of a thread recorded, by run id (runs that recorded none are left out)."""
 
     @abc.abstractmethod
     async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:

@@ -123,7 +123,7 @@ def render_run(row: RunRow) -> dict[str, Any]:
     return {"run_id": row.run_id, "thread_id": row.thread_id, "assistant_id": row.assistant_id,
             "metadata": row.metadata, "status": row.status, "kwargs": kwargs,
             "multitask_strategy": row.multitask_strategy, "created_at": row.scheduled_at or row.created_at,
-            "updated_at": row.updated_at}
+            "updated_at": row.updated_at, "usage": row.usage}
 
 
 def render_thread(row: ThreadRow, values: dict[str, Any] | None, head: CheckpointRow | None) -> dict[str, Any]:

@@ -5,8 +5,9 @@
 ``/info``, ``/openapi.json``, ``/docs`` (the same document as a page) and
 ``/metrics`` (Prometheus). The app opens the runtime when it starts
 and, when it stops, gives running runs ``grace`` seconds to finish; the rest
-resume when a runtime next opens the same database. With a ``demo_page`` it
-also serves the seed 001 demo page at ``/`` (:mod:`backchannel.server.demo_page`).
+resume when a runtime next opens the same database. It serves a thread's
+timeline page at ``/timeline`` (:mod:`backchannel.server.timeline`), and with a
+``demo_page`` the seed 001 demo page at ``/`` (:mod:`backchannel.server.demo_page`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backchannel.server import assistants, runs, store, threads
+from backchannel.server import assistants, runs, store, threads, timeline
 from backchannel.server.auth import APIKeyMiddleware
 from backchannel.server.browsers import BrowserGuard, BrowserPolicy, default_policy
 from backchannel.server.connections import DEFAULT_CLIENT_TIMEOUT
@@ -62,7 +63,8 @@ META = [
     Endpoint("GET", "/metrics", metrics, "Runs, the queue, run latency, open streams and notifications, for Prometheus",
              media_type=CONTENT_TYPE),
 ]
-ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINTS, *runs.ENDPOINTS, *store.ENDPOINTS]
+ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINTS, *runs.ENDPOINTS, *store.ENDPOINTS,
+                                 *timeline.ENDPOINTS]
 
 
 def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -88,8 +90,8 @@ def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int 
         finally:
             await runtime.close(grace=grace)
 
-    page_routes = demo_page.routes() if demo_page is not None else []
-    open_paths = demo_page.paths if demo_page is not None else frozenset()
+    page_routes = [*timeline.page_routes(), *(demo_page.routes() if demo_page is not None else [])]
+    open_paths = timeline.PAGE_PATHS | (demo_page.paths if demo_page is not None else frozenset())
     middleware = [Middleware(BrowserGuard, policy=browsers or default_policy(api_key=api_key))]
     if api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=api_key, open_paths=open_paths))

@@ -12,24 +12,18 @@ reads a task's result from its thread's state.
 from __future__ import annotations
 
 import html
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from importlib import resources
 
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from backchannel.demo import DEFAULT_PROMPT
+from backchannel.server._static import asset, static
 
 __all__ = ["DemoPage"]
 
 _ASSETS = {"/demo/demo.css": ("demo.css", "text/css; charset=utf-8"),
+           "/demo/api.js": ("api.js", "text/javascript; charset=utf-8"),
            "/demo/demo.js": ("demo.js", "text/javascript; charset=utf-8")}
-
-
-def _asset(name: str) -> str:
-    return (resources.files("backchannel.server") / "web" / name).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,22 +50,15 @@ class DemoPage:
     def routes(self) -> list[Route]:
         """The page at ``/`` and its stylesheet and script under ``/demo/``."""
         index = self._render_index().encode()
-        routes = [Route("/", _static(index, "text/html; charset=utf-8"), methods=["GET"])]
+        routes = [Route("/", static(index, "text/html; charset=utf-8"), methods=["GET"])]
         for path, (name, media_type) in _ASSETS.items():
-            routes.append(Route(path, _static(_asset(name).encode(), media_type), methods=["GET"]))
+            routes.append(Route(path, static(asset(name).encode(), media_type), methods=["GET"]))
         return routes
 
     def _render_index(self) -> str:
         fields = {"assistant": self.assistant_id, "model_label": self.model_label,
                   "offline": "true" if self.model is None else "false", "prompt": self.prompt}
-        page = _asset("index.html")
+        page = asset("index.html")
         for key, value in fields.items():
             page = page.replace(f"{{{{{key}}}}}", html.escape(value, quote=True))
         return page
-
-
-def _static(body: bytes, media_type: str) -> Callable[[Request], Awaitable[Response]]:
-    async def endpoint(request: Request) -> Response:
-        return Response(body, media_type=media_type, headers={"cache-control": "no-cache"})
-
-    return endpoint

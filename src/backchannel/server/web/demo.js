@@ -11,7 +11,6 @@ const LIFECYCLE_STATUS = {started: "running", completed: "complete", failed: "er
                           interrupted: "waiting"};
 const RANK = {pending: 0, running: 1, waiting: 1, complete: 2, error: 2, cancelled: 2};
 const ACTIVE_RUN = new Set(["pending", "running"]);
-const KEY_STORE = "backchannel-api-key";
 
 const $ = (id) => document.getElementById(id);
 const chat = {threadId: null, streaming: 0, following: false, typing: null, seenRuns: new Set(),
@@ -23,29 +22,10 @@ const early = new Map();  // lifecycle statuses that arrived before their task, 
 
 // -- the API ------------------------------------------------------------------------------------
 
-async function api(method, path, body) {
-  for (let attempt = 0; ; attempt++) {
-    const headers = {"content-type": "application/json"};
-    const key = sessionStorage.getItem(KEY_STORE);
-    if (key) headers["x-api-key"] = key;
-    const response = await fetch(path, {method, headers, signal: chat.requests.signal,
-                                        body: body === undefined ? undefined : JSON.stringify(body)});
-    if (response.status === 401 && attempt < 3) {
-      const entered = window.prompt("This server wants an API key (the x-api-key it was started with):");
-      if (!entered) throw new Error("the server needs an API key");
-      sessionStorage.setItem(KEY_STORE, entered.trim());
-      continue;
-    }
-    if (!response.ok) {
-      let detail = response.statusText;
-      try { detail = (await response.json()).detail || detail; } catch (_) { /* not JSON */ }
-      throw new Error(`${method} ${path.split("?")[0]} failed (${response.status}): ${detail}`);
-    }
-    return response;
-  }
-}
+// The API as this conversation calls it (api.js's api(), its calls dropped when the page leaves it).
+const chatApi = (method, path, body) => api(method, path, {body, signal: chat.requests.signal});
 
-const getJSON = async (path) => (await api("GET", path)).json();
+const getJSON = async (path) => (await chatApi("GET", path)).json();
 
 // Server-sent events from a fetch response: {event, data} for each, comments (heartbeats) skipped.
 async function* serverEvents(response) {
@@ -83,11 +63,11 @@ async function send(text) {
   updateComposer();
   try {
     if (!chat.threadId) {
-      const thread = await (await api("POST", "/threads", {metadata: {title: text.slice(0, 80), source: "web demo"}})).json();
+      const thread = await (await chatApi("POST", "/threads", {metadata: {title: text.slice(0, 80), source: "web demo"}})).json();
       setThread(thread.thread_id);
     }
     addUserMessage(text);
-    const response = await api("POST", `/threads/${chat.threadId}/runs/stream`, {
+    const response = await chatApi("POST", `/threads/${chat.threadId}/runs/stream`, {
       assistant_id: page.assistant, input: {messages: [{role: "user", content: text}]}, stream_mode: MODES,
       multitask_strategy: "enqueue"});
     await consume(response);
@@ -150,7 +130,7 @@ async function joinNewRuns(threadId) {
     updateComposer();
     try {
       const modes = encodeURIComponent(JSON.stringify(MODES));
-      await consume(await api("GET", `/threads/${threadId}/runs/${run.run_id}/stream?stream_mode=${modes}`));
+      await consume(await chatApi("GET", `/threads/${threadId}/runs/${run.run_id}/stream?stream_mode=${modes}`));
     } finally {
       chat.streaming--;
       updateComposer();
@@ -408,6 +388,11 @@ function createCard(task, restored) {
   const foot = el.appendChild(element("footer"));
   foot.appendChild(element("span", "elapsed"));
   foot.appendChild(element("span", "task-id", `task ${task.task_id.slice(0, 8)}`));
+  // What the task did, on the conversation's timeline (its lane picked out), in a tab of its own.
+  const timeline = foot.appendChild(element("a", "timeline", "timeline"));
+  timeline.href = `/timeline?thread=${encodeURIComponent(chat.threadId)}&focus=${encodeURIComponent(task.task_id)}`;
+  timeline.target = "_blank";
+  timeline.addEventListener("click", (event) => event.stopPropagation());
   foot.appendChild(element("span", "hint", "show result"));
   el.appendChild(element("div", "progress"));
   const result = el.appendChild(element("div", "result"));
