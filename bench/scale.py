@@ -30,7 +30,7 @@ import httpx
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from server import USER, backchannel_server, wrk_requests_per_second  # noqa: E402  (a sibling script)
+from server import USER, Load, backchannel_server, wrk_load  # noqa: E402  (a sibling script)
 from step_overhead import emit_report  # noqa: E402
 
 CLIENTS = 64
@@ -46,8 +46,8 @@ def servers(workdir: Path, database: str, count: int):
                for i in range(count)]
 
 
-def throughput(urls: list[str], seconds: float) -> float:
-    """Runs per second with ``CLIENTS`` clients split over ``urls``, after a warm-up on each."""
+def throughput(urls: list[str], seconds: float) -> Load:
+    """Answered runs per second and failures with ``CLIENTS`` clients split over ``urls``, after a warm-up on each."""
     for url in urls:
         with httpx.Client(base_url=url, timeout=60) as http:
             for _ in range(20):
@@ -56,7 +56,7 @@ def throughput(urls: list[str], seconds: float) -> float:
     wrk = shutil.which("wrk")
     if wrk is None:  # a Python client on the same two cores would measure itself, not the servers
         raise SystemExit("bench/scale.py needs wrk: apt-get install wrk")
-    return wrk_requests_per_second(wrk, urls, 1, CLIENTS // len(urls), seconds)
+    return wrk_load(wrk, urls, 1, CLIENTS // len(urls), seconds)
 
 
 def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:
@@ -71,8 +71,10 @@ def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:
                 database = (f"sqlite:///{tmp}/state.db" if store == "sqlite"
                             else stack.enter_context(scratch_schema(postgres, "bench")))
                 with servers(Path(tmp), database, count) as urls:
-                    rate = throughput(urls, seconds)
-            results[store][count] = max(results[store].get(count, 0.0), rate)
+                    load = throughput(urls, seconds)
+            best = results[store].setdefault(count, {"runs_per_second": 0.0, "failed": 0})
+            best["runs_per_second"] = max(best["runs_per_second"], load.runs_per_second)
+            best["failed"] += load.failed
     if not postgres:
         results["postgres"] = {"missing": "no Postgres: pass --postgres URL or set BACKCHANNEL_TEST_POSTGRES"}
     return results
@@ -82,19 +84,25 @@ def render(results: dict[str, Any], out: Any) -> None:
     sqlite, pg = results["sqlite"], results["postgres"]
     print(f"\nOne-step runs/s through the HTTP API, {CLIENTS} concurrent clients (wrk), best of the samples",
           file=out)
-    print(f"{'':<28}{'runs/s':>10}{'vs 1 process':>14}", file=out)
-    print(f"{'SQLite, 1 process':<28}{sqlite[1]:>10,.0f}{'':>14}", file=out)
+    print(f"{'':<28}{'runs/s':>10}{'vs 1 process':>14}{'failed':>9}", file=out)
+    print(f"{'SQLite, 1 process':<28}{sqlite[1]['runs_per_second']:>10,.0f}{'':>14}{sqlite[1]['failed']:>9,}",
+          file=out)
     if "missing" in pg:
         print(f"Postgres: not measured ({pg['missing']})", file=out)
         return
+    rate = {n: pg[n]["runs_per_second"] for n in PROCESSES}
     for n in PROCESSES:
-        print(f"{f'Postgres, {n} process' + ('es' if n > 1 else ''):<28}{pg[n]:>10,.0f}{pg[n] / pg[1]:>13.2f}×",
-              file=out)
-    scaling, share = pg[2] / pg[1], pg[1] / sqlite[1]
+        label = f"Postgres, {n} process" + ("es" if n > 1 else "")
+        print(f"{label:<28}{rate[n]:>10,.0f}{rate[n] / rate[1]:>13.2f}×{pg[n]['failed']:>9,}", file=out)
+    scaling, share = rate[2] / rate[1], rate[1] / sqlite[1]["runs_per_second"]
     print(f"scaling 1 → 2 processes: {scaling:.2f}× (target ≥ {TARGETS['scaling_1_to_2']}×); 1 → 4: "
-          f"{pg[4] / pg[1]:.2f}×", file=out)
+          f"{rate[4] / rate[1]:.2f}×", file=out)
     print(f"Postgres, 1 process, as a share of SQLite: {share:.0%} (target ≥ "
           f"{TARGETS['postgres_share_of_sqlite']:.0%})", file=out)
+    failed = sum(each["failed"] for each in [sqlite[1], *(pg[n] for n in PROCESSES)])
+    if failed:
+        print(f"{failed:,} requests failed (timeouts, socket errors or non-2xx): the rates count only the others",
+              file=out)
 
 
 def main(argv: list[str] | None = None) -> int:
