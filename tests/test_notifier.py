@@ -608,3 +608,29 @@ async def test_crash_before_the_parent_is_told_still_notifies_exactly_once(tmp_p
     assert [r["status"] for r in child_runs] == ["success"]  # the same run, finished after the restart
     assert note["additional_kwargs"]["task_notification"]["run_id"] == child_runs[0]["run_id"]
     assert tracked["status"] == "success"
+
+
+async def test_wait_mode_hears_a_result_that_arrives_as_its_wait_times_out(monkeypatch):
+    """The task's notification can reach the inbox just as the supervisor's wait for it times out (its status
+    already success): the run still takes it in, rather than ending without it (the result then left to a
+    wake-up run that a one-shot `backchannel run` never shows)."""
+    from backchannel.runtime.inbox import ThreadInbox
+
+    async def missed(self):  # the arrival is never announced: only the periodic recheck can find the mail
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(ThreadInbox, "wait", missed)
+
+    def boss(request):
+        if last_is_note(request):
+            return "got the result"
+        if isinstance(request.messages[-1], HumanMessage):
+            return {"tool_calls": [start("researcher", "a", "s1")]}
+        return "started it"
+
+    agent = create_deep_agent(policy(boss), subagents=[researcher(ScriptedModel(["research done"]))],
+                              general_purpose=False, completion="wait")
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        state = await agent.ainvoke("go", thread_id="t1")
+        assert state["messages"][-1].text == "got the result"
+        assert len(await rt.runs.list("t1")) == 1

@@ -329,11 +329,15 @@ class AsyncSubAgentMiddleware(Middleware):
         while pending:
             try:
                 await asyncio.wait_for(ctx.inbox.wait(), _RECHECK_SECONDS)
-                await _coalesce(ctx.inbox)
-                return {"jump_to": "model"}
             except TimeoutError:
-                # A task may have ended without a notification (cancelled from elsewhere).
+                # A task may have ended without a notification (cancelled from elsewhere). One that ended with
+                # a result delivered it before its status changed, so the inbox is looked at after the statuses:
+                # a notification that came as the wait timed out is not left behind.
                 pending = [t for t in pending if await self._still_active(ctx.runtime, t)]
+                if not ctx.inbox.drain():
+                    continue
+            await _coalesce(ctx.inbox)
+            return {"jump_to": "model"}
         return None
 
     # -- helpers ---------------------------------------------------------------
