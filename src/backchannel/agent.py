@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backchannel.context import Breakpoints, CallingTool, RunContext, current_tool_call, forward_events
-from backchannel.errors import MaxIterationsError, MiddlewareError, StorageUnavailableError
+from backchannel.errors import LostRunError, MaxIterationsError, MiddlewareError, StorageUnavailableError
 from backchannel.events import Event, EventBus, filter_metadata
 from backchannel.interrupts import GraphInterrupt, InterruptScope, current_scope
 from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_from_input, new_id, pending_tool_calls
@@ -627,9 +627,10 @@ def _is_message_dict(value: Mapping[str, Any]) -> bool:
 
 
 def _stops_run(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what it wraps) stops a run without ending it: its runtime's database is away."""
+    """Whether ``exc`` (or what it wraps) stops a run without ending it: its runtime's database is away, or
+    another process took the run over."""
     while exc is not None:
-        if isinstance(exc, StorageUnavailableError):
+        if isinstance(exc, (StorageUnavailableError, LostRunError)):
             return True
         exc = exc.__cause__
     return False
@@ -784,8 +785,8 @@ def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
                                         "Call the tool again with arguments that match its schema.")
         except ToolError as exc:
             return _error_message(call, str(exc))
-        except (GraphInterrupt, asyncio.CancelledError, StorageUnavailableError):
-            raise  # the run's own database is away: the run stops, and resumes from its last step later
+        except (GraphInterrupt, asyncio.CancelledError, StorageUnavailableError, LostRunError):
+            raise  # the run's own database is away, or the run is another process's now: it stops here
         except BaseException as exc:  # SystemExit from argparse, KeyboardInterrupt from a library: the tool failed
             return _error_message(call, f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}")
         finally:

@@ -22,6 +22,7 @@ and the status a ``RemoteRuntime`` turns back into the same class::
     ├── AuthenticationError       a server refused the credentials (401, 403)
     ├── RemoteError               another server was unreachable, timed out or failed (5xx): worth retrying
     ├── StorageUnavailableError   the database could not be reached, or could not commit a write (503): retry
+    ├── LostRunError              a write for a run this process no longer runs (another took it over)
     ├── SchemaVersionError        the database was migrated by a newer backchannel
     ├── HandoffError              a handoff could not be proposed or decided
     └── ConfigError               the configuration file cannot be used (names the file and the key)
@@ -41,6 +42,7 @@ __all__ = [
     "ConflictError",
     "HandoffError",
     "InvalidRequestError",
+    "LostRunError",
     "MaxIterationsError",
     "MiddlewareError",
     "MissingAPIKeyError",
@@ -182,6 +184,16 @@ class StorageUnavailableError(BackchannelError):
     The runtime keeps trying on its own and resumes its runs once the database is back; a caller may
     retry the request (a write that failed as its commit was cut off may have landed: read before
     writing again where a duplicate matters).
+    """
+
+
+class LostRunError(BackchannelError):
+    """A write for a run was refused: this process no longer runs it.
+
+    Every write a run makes carries the token of the claim that started it; once
+    another process has taken the run over (this one missed its heartbeats for a
+    lease, e.g. stalled) or it ended, the old claim's writes change nothing, and
+    the run stops here (it continues, or ended, where it is now).
     """
 
 

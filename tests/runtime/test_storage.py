@@ -5,9 +5,10 @@ import uuid
 import pytest
 
 from backchannel._clock import now_iso
+from backchannel.errors import LostRunError
 from backchannel.messages import HumanMessage
 from backchannel.runtime.backends import open_storage
-from backchannel.runtime.rows import CheckpointRow, RunEnd, RunRow, ThreadRow
+from backchannel.runtime.rows import CheckpointRow, RunClaim, RunEnd, RunRow, ThreadRow
 
 
 @pytest.fixture
@@ -21,6 +22,10 @@ async def storage(store_url):
 def _run(thread_id, *, status="pending", worker="w1", at=None):
     now = now_iso()
     return RunRow(str(uuid.uuid4()), thread_id, "a", now, now, status, {}, {}, "enqueue", worker, at or now)
+
+
+def _claim(row):
+    return RunClaim(row.run_id, row.claim)
 
 
 def _checkpoint(thread_id, seq, parent, run_id=None, delta=None):
@@ -136,6 +141,86 @@ async def test_a_runs_end_keeps_its_usage_in_its_row_and_its_spans_apart(storage
     assert await storage.run_spans("t2") == {other.run_id: spans}
 
 
+async def test_a_claim_fences_every_write_of_its_run(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now))
+    await storage.create_run(_run("t", worker="stalled"))
+    [lost] = await storage.claim_runs("stalled", 1, now_iso())
+    await storage.put_checkpoint(_checkpoint("t", 1, None, run_id=lost.run_id), _claim(lost))
+    await storage.put_inbox("t", "k1", HumanMessage("note", id="m1"), now)
+    # the stalled worker is taken for dead: another takes the run over and claims it anew
+    assert [r.run_id for r in await storage.requeue_orphans([], "other", {"a": "digest-of-a"})] == [lost.run_id]
+    with pytest.raises(LostRunError):  # requeued, not claimed yet: no claim holds
+        await storage.put_checkpoint(_checkpoint("t", 2, "c1", run_id=lost.run_id), _claim(lost))
+    [held] = await storage.claim_runs("other", 1, now_iso())
+    assert held.claim != lost.claim
+    stale = [
+        storage.put_checkpoint(_checkpoint("t", 2, "c1", run_id=lost.run_id), _claim(lost)),
+        storage.finish_run(RunEnd(lost.run_id, "t", "error", "error", now_iso(), error={"message": "x"},
+                                  checkpoint_next=("c1", "stale"), claim=lost.claim)),
+        storage.put_pending_write("t", "call_1", {"update": {}, "direct": False}, _claim(lost)),
+        storage.clear_pending_writes("t", _claim(lost)),
+        storage.ack_inbox("t", ["k1"], _claim(lost)),
+    ]
+    for write in stale:
+        with pytest.raises(LostRunError):
+            await write
+    assert not await storage.release_run(_claim(lost), now_iso())
+    # nothing changed: the run runs under the new claim, which writes as usual
+    assert (await storage.get_run(lost.run_id)).status == "running"
+    assert (await storage.get_thread("t")).status == "idle"
+    assert [c.checkpoint_id for c in await storage.list_checkpoints("t")] == ["c1"]
+    assert (await storage.get_checkpoint("t", "c1")).next == ""
+    assert await storage.pending_writes("t") == {}
+    assert [k for k, _ in await storage.inbox("t")] == ["k1"]
+    await storage.put_checkpoint(_checkpoint("t", 2, "c1", run_id=lost.run_id), _claim(held))
+    await storage.put_pending_write("t", "call_1", {"update": {}, "direct": False}, _claim(held))
+    await storage.clear_pending_writes("t", _claim(held))
+    await storage.ack_inbox("t", ["k1"], _claim(held))
+    await storage.finish_run(RunEnd(lost.run_id, "t", "success", "idle", now_iso(), claim=held.claim))
+    assert (await storage.get_run(lost.run_id)).status == "success"
+    assert [c.checkpoint_id for c in await storage.list_checkpoints("t")] == ["c2", "c1"]
+    assert await storage.inbox("t") == []
+    with pytest.raises(LostRunError):  # ended: its claim holds no more
+        await storage.put_checkpoint(_checkpoint("t", 3, "c2", run_id=lost.run_id), _claim(held))
+
+
+async def test_claims_count_attempts_and_a_release_gives_its_attempt_back(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now))
+    await storage.create_run(_run("t"))
+    [first] = await storage.claim_runs("w1", 1, now_iso())
+    assert first.attempts == 1 and (await storage.get_run(first.run_id)).attempts == 1
+    assert await storage.release_run(_claim(first), now_iso())  # stopped without ending: handed back
+    again = await storage.get_run(first.run_id)
+    assert (again.status, again.worker_id, again.attempts) == ("pending", "w1", 0)
+    assert not await storage.release_run(_claim(first), now_iso())
+    [second] = await storage.claim_runs("w1", 1, now_iso())
+    assert second.attempts == 1 and second.claim != first.claim
+    # its process dies mid-run: the attempt stays counted, and the next claim counts one more
+    await storage.requeue_orphans([], "w2", {"a": "digest-of-a"})
+    [third] = await storage.claim_runs("w2", 1, now_iso())
+    assert third.attempts == 2 == (await storage.get_run(first.run_id)).attempts
+
+
+async def test_requeue_orphans_takes_only_the_runs_of_agents_it_serves(storage):
+    now = now_iso()
+    rows = {}
+    for name, assistant, digest in (("mine", "a", "d-a"), ("same name, other agent", "a", "d-other"),
+                                    ("other assistant", "b", "d-b"), ("stored before digests", "a", None),
+                                    ("other, before digests", "b", None)):
+        await storage.create_thread(ThreadRow(name, now, now))
+        rows[name] = RunRow(str(uuid.uuid4()), name, assistant, now, now, "running", {}, {}, "enqueue", "dead",
+                            now, agent_digest=digest)
+        await storage.create_run(rows[name])
+    moved = await storage.requeue_orphans([], "me", {"a": "d-a"})
+    assert {r.thread_id for r in moved} == {"mine", "stored before digests"}
+    for name, row in rows.items():
+        again = await storage.get_run(row.run_id)
+        expected = ("pending", "me") if name in ("mine", "stored before digests") else ("running", "dead")
+        assert (again.status, again.worker_id) == expected, name
+
+
 async def test_requeue_orphans_hands_dead_workers_runs_over(storage):
     now = now_iso()
     await storage.create_thread(ThreadRow("t1", now, now))
@@ -149,7 +234,7 @@ async def test_requeue_orphans_hands_dead_workers_runs_over(storage):
     registered = _run("t3", status="running", worker="registered")  # registered since the caller looked
     await storage.create_run(registered)
     await storage.heartbeat("registered", {"pid": 1}, now_iso())
-    moved = await storage.requeue_orphans(["alive"], "me")
+    moved = await storage.requeue_orphans(["alive"], "me", {"a": "digest-of-a"})
     assert {r.run_id for r in moved} == {dead_running.run_id, dead_pending.run_id}
     for row in (dead_running, dead_pending):
         again = await storage.get_run(row.run_id)

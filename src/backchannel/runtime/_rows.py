@@ -43,7 +43,7 @@ def run_values(row: RunRow) -> tuple[Any, ...]:
     return (row.run_id, row.thread_id, row.assistant_id, row.created_at, row.updated_at, row.status,
             dump(row.metadata), dump(row.kwargs), row.multitask_strategy, row.worker_id, row.scheduled_at,
             dump(row.error) if row.error else None, row.concurrency_key, row.concurrency_limit,
-            dump(row.usage) if row.usage else None)
+            dump(row.usage) if row.usage else None, row.attempts, row.claim, row.agent_digest)
 
 
 def checkpoint_values(row: CheckpointRow) -> tuple[Any, ...]:
@@ -74,7 +74,7 @@ def thread_row(row: tuple[Any, ...]) -> ThreadRow:
 def run_row(row: tuple[Any, ...]) -> RunRow:
     return RunRow(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), json.loads(row[7]),
                   row[8], row[9], row[10], json.loads(row[11]) if row[11] else None, row[12], row[13],
-                  json.loads(row[14]) if row[14] else None)
+                  json.loads(row[14]) if row[14] else None, row[15], row[16], row[17])
 
 
 class LazyDelta(Mapping[str, Any]):

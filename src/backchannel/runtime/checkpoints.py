@@ -18,7 +18,7 @@ from backchannel._clock import now_iso
 from backchannel.errors import NotFoundError
 from backchannel.events import Event, EventBus
 from backchannel.messages import new_id
-from backchannel.runtime.rows import CheckpointRow
+from backchannel.runtime.rows import CheckpointRow, RunClaim
 from backchannel.runtime.storage import CheckpointStorage
 from backchannel.state import MessageList, Reducer, apply_update, snapshot
 
@@ -95,8 +95,11 @@ class Checkpointer:
 
     async def write(self, thread_id: str, state: ThreadState, update: Mapping[str, Any], *, next_stage: str,
                     source: str, run_id: str | None, step: int, reducers: Mapping[str, Reducer],
-                    apply: bool = True) -> CheckpointRow:
-        """Record ``update`` as a new checkpoint after ``state.head``; ``apply`` merges it into ``state``."""
+                    apply: bool = True, claim: RunClaim | None = None) -> CheckpointRow:
+        """Record ``update`` as a new checkpoint after ``state.head``; ``apply`` merges it into ``state``.
+
+        A run writes under its ``claim``: :class:`~backchannel.errors.LostRunError` if it no longer holds.
+        """
         if apply:
             apply_update(state.values, update, reducers)
         seq = state.seq + 1
@@ -107,7 +110,7 @@ class Checkpointer:
         row = CheckpointRow(
             thread_id, new_id(), state.head.checkpoint_id if state.head else None, seq, run_id,
             update, next_stage, {"source": source, "step": step}, now_iso())
-        await self.storage.put_checkpoint(row)
+        await self.storage.put_checkpoint(row, claim)
         state.head = row
         state.newest = True
         self._remember(thread_id, state)
@@ -119,8 +122,10 @@ class Recorder:
 
     def __init__(self, checkpointer: Checkpointer, thread_id: str, state: ThreadState, run_id: str,
                  reducers: Mapping[str, Reducer], step: int, bus: EventBus | None = None, *,
-                 pending: bool = False, node_at: Callable[[str], str] | None = None) -> None:
+                 pending: bool = False, node_at: Callable[[str], str] | None = None,
+                 claim: RunClaim | None = None) -> None:
         self.checkpointer = checkpointer
+        self.claim = claim  # every write of the run carries it
         self.node_at = node_at  # the agent's node for a stage, so a checkpoint's ``next`` names nodes
         self.bus = bus
         self.thread_id = thread_id
@@ -136,10 +141,10 @@ class Recorder:
         parent = self.state.head
         row = await self.checkpointer.write(self.thread_id, self.state, update, next_stage=next_stage,
                                             source="loop", run_id=self.run_id, step=self.step_count,
-                                            reducers=self.reducers, apply=False)
+                                            reducers=self.reducers, apply=False, claim=self.claim)
         if self._pending:
             # Safe after the checkpoint: a resumed run only looks up results of unanswered calls.
-            await self.checkpointer.storage.clear_pending_writes(self.thread_id)
+            await self.checkpointer.storage.clear_pending_writes(self.thread_id, self.claim)
             self._pending = False
         if self.bus is not None and self.bus.wants_values and self.bus.listeners:
             payload = _checkpoint_payload(row, parent, self.state.values)
@@ -149,7 +154,7 @@ class Recorder:
 
     async def pending(self, tool_call_id: str, update: Mapping[str, Any]) -> None:
         self._pending = True
-        await self.checkpointer.storage.put_pending_write(self.thread_id, tool_call_id, update)
+        await self.checkpointer.storage.put_pending_write(self.thread_id, tool_call_id, update, self.claim)
 
 
 def _checkpoint_payload(row: CheckpointRow, parent: CheckpointRow | None, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 from backchannel._clock import now_iso
 from backchannel.agent import Agent, describe_error
 from backchannel.context import Breakpoints, RunContext
-from backchannel.errors import NotFoundError, StorageUnavailableError
+from backchannel.errors import BackchannelError, LostRunError, NotFoundError, StorageUnavailableError
 from backchannel.messages import AnyMessage, ToolMessage, messages_from_input, pending_tool_calls
 from backchannel.protocols import HostRuntime
 from backchannel.result import RunResult
@@ -34,7 +34,7 @@ from backchannel.runtime.metrics import RunMetrics
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.queue import RunQueue
 from backchannel.runtime.registry import Registry
-from backchannel.runtime.rows import CancelAction, RunEnd, RunRow, RunStatus
+from backchannel.runtime.rows import CancelAction, RunClaim, RunEnd, RunRow, RunStatus
 from backchannel.runtime.run_options import iteration_limit
 from backchannel.runtime.scheduler import Scheduler
 from backchannel.runtime.storage import Storage
@@ -45,12 +45,13 @@ from backchannel.serde import to_jsonable
 from backchannel.state import Reducer, snapshot
 from backchannel.tracing import Trace, continued_from
 
-__all__ = ["Executor"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "Executor"]
 
 logger = logging.getLogger("backchannel")
 
 _GOTO_STAGES = {"model": "before_model", "tools": "tools", "__end__": "", "end": ""}
 SPANS_KEPT = 2_000  # spans a run keeps for its timeline; a run with more keeps its first ones
+DEFAULT_MAX_ATTEMPTS = 3  # starts of a run whose process died each time, before the run is failed
 _RETRY_FIRST, _RETRY_LAST = 0.1, 5.0  # seconds between tries to record a run's end the database refused
 
 
@@ -60,8 +61,9 @@ class Executor:
     def __init__(self, host: HostRuntime, storage: Storage, checkpoints: Checkpointer, registry: Registry,
                  streams: Streams, scheduler: Scheduler, queue: RunQueue, mail: Mail, peers: Peers,
                  metrics: RunMetrics, *, spawn: Callable[[Coroutine[Any, Any, Any]], object],
-                 is_open: Callable[[], bool]) -> None:
+                 is_open: Callable[[], bool], max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         self.host = host
+        self.max_attempts = max_attempts  # starts of a run whose process died each time, before it is failed
         self.storage = storage
         self.checkpoints = checkpoints
         self.registry = registry
@@ -88,14 +90,17 @@ class Executor:
             try:
                 if agent is None:
                     raise NotFoundError(f"assistant {row.assistant_id!r} is not registered in this runtime")
+                if row.attempts > self.max_attempts:
+                    raise RunAttemptsError(row.attempts - 1)
                 state, result = await self._run_agent(row, agent, stream, trace)
                 status, values, has_mail = await self._finish(row, agent, state, result, trace)
                 stored = "success"  # also when it paused for a human (see _finish)
                 stream.interrupts = [i.to_dict() for i in result.interrupts]
             except asyncio.CancelledError:
                 action = self.scheduler.cancel_action(row.run_id)
-                if action is None:  # the runtime is closing: leave the run to be resumed
+                if action is None:  # the runtime is closing (or lost the run): it is resumed later
                     stream.finish("interrupted")
+                    await self._hand_back(row)
                     raise
                 status = await self._cancelled(row, action, trace)
                 stored = None if action == "rollback" else "interrupted"
@@ -104,16 +109,17 @@ class Executor:
                 stored = status
                 await self._fail(row, status, error, trace)
             except Exception as exc:
-                if _storage_lost(exc):
+                if _stopped(exc):
                     raise
                 error = describe_error(exc)
                 stream.exception = exc
                 await self._fail(row, "error", error, trace)
         except Exception as exc:
-            if not _storage_lost(exc):
+            if not _stopped(exc):
                 raise
-            # The database went away mid-run: nothing of the run's end could be recorded. It starts
-            # again from its last checkpoint once the database is back (its stream stays open).
+            # The database went away mid-run, or another process took the run over: nothing of its end
+            # is recorded here. Once the database answers, it starts again from its last checkpoint if it
+            # is still this process's; if not, its stream here ends (see Scheduler.stranded).
             self.checkpoints.forget(row.thread_id)
             self.scheduler.stranded(row)
             return
@@ -162,7 +168,8 @@ class Executor:
             stored = await self.storage.pending_writes(row.thread_id)
             pending = {call_id: _decode_pending(value) for call_id, value in stored.items()}
         stage, resume = await self._prepare(row, state, reducers, stream, agent)
-        inbox = await self.mail.open_inbox(row.thread_id)
+        claim = _claim_of(row)
+        inbox = await self.mail.open_inbox(row.thread_id, claim)
         if kwargs.get("wake") and not resuming and not inbox.drain():
             stage = ""  # another run took the mail that was to wake the thread
         step = state.head.metadata.get("step", 0) if state.head else 0
@@ -170,6 +177,7 @@ class Executor:
             agent.graph_name, row.run_id, thread_id=row.thread_id, bus=stream.bus,
             context=kwargs.get("context"), store=self.host.store, metadata=row.metadata,
             recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus,
+                              claim=claim,
                               pending=bool(pending), node_at=agent.node_at),
             inbox=inbox, resume=resume, pending_tools=pending, runtime=self.host,
             max_iterations=iteration_limit(kwargs.get("config")), trace=trace,
@@ -206,6 +214,7 @@ class Executor:
         step = state.head.metadata.get("step", -1) if state.head else -2  # a thread's first input is step -1
         if command.get("update") is not None:
             await self.checkpoints.write(row.thread_id, state, command["update"], next_stage=state.next_stage,
+                                         claim=_claim_of(row),
                                          source="update", run_id=row.run_id, step=step + 1, reducers=reducers)
         if "resume" in command:
             await self.storage.update_thread(row.thread_id, interrupts=[])
@@ -221,6 +230,7 @@ class Executor:
         if cancelled:
             update["messages"] = [*cancelled, *update.get("messages", ())]
         await self.checkpoints.write(row.thread_id, state, update, next_stage="before_agent", source="input",
+                                     claim=_claim_of(row),
                                      run_id=row.run_id, step=step + 1, reducers=reducers)
         if stream.bus.wants_values:
             stream.publish("values", snapshot(state.values), agent=agent.graph_name, thread_id=row.thread_id)
@@ -246,7 +256,8 @@ class Executor:
         # ("interrupted"). A run's own "interrupted" status means it was cancelled.
         has_mail = await self.storage.finish_run(RunEnd(
             row.run_id, row.thread_id, "success", "interrupted" if status == "interrupted" else "idle", now_iso(),
-            interrupts=interrupts, checkpoint_next=checkpoint_next, usage=_usage(trace), spans=_spans(trace)))
+            interrupts=interrupts, checkpoint_next=checkpoint_next, usage=_usage(trace), spans=_spans(trace),
+            claim=row.claim))
         return status, snapshot(result.state), has_mail
 
     async def _drop_temporary(self, row: RunRow, stream: RunStream) -> None:
@@ -260,7 +271,8 @@ class Executor:
         self.checkpoints.forget(row.thread_id)
         # A thread's error has LangGraph's shape: {"error": <type>, "message": ...}.
         await self._record_end(RunEnd(row.run_id, row.thread_id, status, "error", now_iso(), error=error,
-                                      thread_error=render_error(error), usage=_usage(trace), spans=_spans(trace)))
+                                      thread_error=render_error(error), usage=_usage(trace), spans=_spans(trace),
+                                      claim=row.claim))
 
     async def _record_end(self, end: RunEnd) -> bool:
         """Record how a run ended; returns whether mail waits for its thread. If the database refuses it, the
@@ -279,8 +291,18 @@ class Executor:
                 await self.storage.finish_run(end)
             except StorageUnavailableError:
                 delay = min(delay * 2, _RETRY_LAST)
+            except LostRunError:  # taken over meanwhile: its new owner records how it ends
+                return
             else:
                 return
+
+    async def _hand_back(self, row: RunRow) -> None:
+        """A run stopped here without ending (the runtime closes): give it back unstarted, its attempt
+        not counted, for whichever runtime runs it next."""
+        claim = _claim_of(row)
+        if claim is not None:
+            with contextlib.suppress(StorageUnavailableError, LostRunError):  # then it is taken over as it is
+                await self.storage.release_run(claim, now_iso())
 
     async def _cancelled(self, row: RunRow, action: CancelAction, trace: Trace) -> RunStatus:
         self.checkpoints.forget(row.thread_id)
@@ -296,17 +318,18 @@ class Executor:
         waiting = thread is not None and bool(thread.interrupts)
         await self._record_end(RunEnd(row.run_id, row.thread_id, "interrupted",
                                       "interrupted" if waiting else "idle", now_iso(), thread_error=error,
-                                      usage=_usage(trace), spans=_spans(trace)))
+                                      usage=_usage(trace), spans=_spans(trace), claim=row.claim))
         if action == "rollback":
             with contextlib.suppress(StorageUnavailableError):
                 await self.storage.delete_run(row.run_id)
         return "interrupted"
 
 
-def _storage_lost(exc: BaseException | None) -> bool:
-    """Whether ``exc`` comes from the database being unreachable (raised as is, or wrapped by a middleware)."""
+def _stopped(exc: BaseException | None) -> bool:
+    """Whether ``exc`` stops the run here without ending it (raised as is, or wrapped by a middleware): the
+    database is unreachable, or the run is no longer this process's."""
     while exc is not None:
-        if isinstance(exc, StorageUnavailableError):
+        if isinstance(exc, (StorageUnavailableError, LostRunError)):
             return True
         exc = exc.__cause__
     return False
@@ -320,6 +343,20 @@ def _usage(trace: Trace) -> dict[str, Any] | None:
 def _spans(trace: Trace) -> list[dict[str, Any]] | None:
     """A run's spans as storage keeps them: the first :data:`SPANS_KEPT` (its runs first)."""
     return trace.span_dicts()[:SPANS_KEPT] if trace.runs else None
+
+
+def _claim_of(row: RunRow) -> RunClaim | None:
+    return RunClaim(row.run_id, row.claim) if row.claim else None
+
+
+class RunAttemptsError(BackchannelError):
+    """A run was started too many times: each time, the process running it stopped before it ended."""
+
+    def __init__(self, attempts: int) -> None:
+        super().__init__(
+            f"the run was started {attempts} times and each time the process running it died (or stopped "
+            "responding) before the run ended, so it is not started again: something it does may take its "
+            "process down (a crash in native code, running out of memory, a tool that exits the process)")
 
 
 def _cancelled_tool_results(messages: list[AnyMessage]) -> list[ToolMessage]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backchannel.messages import AnyMessage, HumanMessage, messages_from_input
+from backchannel.runtime.rows import RunClaim
 from backchannel.runtime.storage import InboxStorage
 
 __all__ = ["ThreadInbox", "notification_in"]
@@ -43,9 +44,11 @@ def notification_in(value: Any) -> HumanMessage | None:
 class ThreadInbox:
     """The :class:`~backchannel.context.Inbox` of one active run."""
 
-    def __init__(self, storage: InboxStorage, thread_id: str, waiting: Sequence[tuple[str, AnyMessage]] = ()) -> None:
+    def __init__(self, storage: InboxStorage, thread_id: str, waiting: Sequence[tuple[str, AnyMessage]] = (), *,
+                 claim: RunClaim | None = None) -> None:
         self.storage = storage
         self.thread_id = thread_id
+        self.claim = claim  # the run's: mail it takes is marked delivered only while the run is still its
         self._messages: dict[str, AnyMessage] = dict(waiting)
         self._taken: set[str] = set()  # keys this run delivered: the same mail announced again is ignored
         self._arrived = asyncio.Event()
@@ -70,7 +73,7 @@ class ThreadInbox:
         self._taken.update(keys)
         if not self._messages:
             self._arrived.clear()
-        await self.storage.ack_inbox(self.thread_id, keys)
+        await self.storage.ack_inbox(self.thread_id, keys, self.claim)
 
     async def wait(self) -> None:
         await self._arrived.wait()

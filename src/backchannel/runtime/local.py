@@ -30,7 +30,7 @@ from backchannel.messages import AnyMessage
 from backchannel.runtime.backends import DEFAULT_STORE, open_storage
 from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer
 from backchannel.runtime.clients import AssistantsClient, RunsClient, StoreClient, ThreadsClient
-from backchannel.runtime.executor import Executor
+from backchannel.runtime.executor import DEFAULT_MAX_ATTEMPTS, Executor
 from backchannel.runtime.follow import Follower
 from backchannel.runtime.mail import Mail
 from backchannel.runtime.metrics import RunMetrics
@@ -59,12 +59,13 @@ class LocalRuntime:
     Runtimes in several processes can share one Postgres database: each runs
     the runs it was asked for, any of them can follow, cancel or message any
     run, and when one dies (no heartbeat for ``lease`` seconds) the others take
-    its runs over from their last checkpoints.
+    its runs over from their last checkpoints. A run whose execution keeps killing
+    its process ends ``error`` once it was started ``max_attempts`` times.
     """
 
     def __init__(self, store: str | Storage = DEFAULT_STORE, agents: Mapping[str, Agent] | None = None, *,
                  max_concurrency: int = 256, heartbeat_interval: float = 5.0, lease: float = 30.0,
-                 public_url: str | None = None) -> None:
+                 public_url: str | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         self.storage = open_storage(store)
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
@@ -88,9 +89,9 @@ class LocalRuntime:
                          self.metrics)
         self.executor = Executor(self, self.storage, self.checkpoints, self.registry, self.streams, self.scheduler,
                                  self.queue, self.mail, self.peers, self.metrics, spawn=self.spawn,
-                                 is_open=lambda: self._opened)
+                                 is_open=lambda: self._opened, max_attempts=max_attempts)
         self.recovery = Recovery(self.storage, self.scheduler, self.mail, worker_id=self.worker_id,
-                                 heartbeat_interval=heartbeat_interval, lease=lease)
+                                 heartbeat_interval=heartbeat_interval, lease=lease, served=self.registry.served)
         self.assistants = AssistantsClient(self.registry)
         follower = Follower(self.storage, self.streams)
         self.threads = ThreadsClient(self.open, self.storage, self.checkpoints, self.registry, self.queue, follower)
@@ -172,6 +173,7 @@ class LocalRuntime:
         await self.peers.stop()
         await self.recovery.unregister()
         await self.storage.close()
+        self.registry.release()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` beside the runs (webhooks, the outbox); cancelled when the runtime closes."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from backchannel._clock import now_iso
@@ -21,6 +22,7 @@ from backchannel.runtime.metrics import RunMetrics
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.queue import NewRun, RunQueue
 from backchannel.runtime.registry import Registry
+from backchannel.runtime.rows import RunClaim, RunRow
 from backchannel.runtime.scheduler import Scheduler
 from backchannel.runtime.storage import Storage
 
@@ -70,9 +72,9 @@ class Mail:
 
     # -- the inboxes of runs executing here
 
-    async def open_inbox(self, thread_id: str) -> ThreadInbox:
-        """The inbox of the thread's run starting here, with the mail stored for it."""
-        inbox = self._inboxes[thread_id] = ThreadInbox(self.storage, thread_id)
+    async def open_inbox(self, thread_id: str, claim: RunClaim | None = None) -> ThreadInbox:
+        """The inbox of the thread's run starting here (under ``claim``), with the mail stored for it."""
+        inbox = self._inboxes[thread_id] = ThreadInbox(self.storage, thread_id, claim=claim)
         await self.refill(thread_id)  # registered first: mail announced meanwhile is not missed
         return inbox
 
@@ -156,8 +158,13 @@ class Mail:
         self._waking[thread_id] = row.run_id
 
     async def wake_all(self) -> None:
-        """Wake the threads with mail stored just before a crash, with no run left to take it."""
+        """Wake the threads with mail stored just before a crash, with no run left to take it (those of
+        the agents this runtime serves: another program's threads are left to it)."""
+        served = self.registry.served()
         for thread_id in await self.storage.threads_with_mail():
+            newest = await self.storage.list_runs(thread_id, limit=1)
+            if newest and not _serves(served, newest[0]):
+                continue
             try:
                 await self.wake(thread_id)
             except (NotFoundError, InvalidRequestError) as exc:
@@ -167,3 +174,9 @@ class Mail:
         for task in list(self._refills):
             task.cancel()
         await asyncio.gather(*self._refills, return_exceptions=True)
+
+
+def _serves(served: Mapping[str, str], row: RunRow) -> bool:
+    """Whether the run's agent is one of ``served`` (assistant id -> digest); by its assistant id if stored
+    without a digest."""
+    return row.agent_digest in served.values() if row.agent_digest else row.assistant_id in served

@@ -13,12 +13,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
+from backchannel._ids import new_id
+from backchannel.errors import LostRunError
 from backchannel.messages import AnyMessage
 from backchannel.runtime.rows import (
     ACTIVE,
     CancelAction,
     CheckpointRow,
     ItemRow,
+    RunClaim,
     RunEnd,
     RunRow,
     RunStatus,
@@ -188,11 +191,35 @@ class MemoryStorage(Storage):
         due = (row for row in map(self._runs.__getitem__, self._pending)
                if row.worker_id == worker_id and row.scheduled_at <= now and row.thread_id not in self._running_thread)
         claimed = pick_claims(due, self._running_keys, limit)
+        token = new_id()
         for row in claimed:
             self._set_status(row, "running", now)
+            row.attempts += 1
+            row.claim = token
         return [_copy(row) for row in claimed]
 
+    def _held(self, claim: RunClaim | None) -> None:
+        """Raise LostRunError unless the run is running under ``claim`` (no claim: nothing to check)."""
+        if claim is None:
+            return
+        row = self._runs.get(claim.run_id)
+        if row is None or row.status != "running" or row.claim != claim.token:
+            raise LostRunError(f"run {claim.run_id} is no longer this process's to run")
+
+    async def release_run(self, claim: RunClaim, now: str) -> bool:
+        try:
+            self._held(claim)
+        except LostRunError:
+            return False
+        row = self._runs[claim.run_id]
+        self._set_status(row, "pending", now)
+        row.attempts, row.claim = max(row.attempts - 1, 0), None
+        self._pending = dict.fromkeys(sorted(self._pending, key=self._order.__getitem__))
+        return True
+
     async def finish_run(self, end: RunEnd) -> bool:
+        if end.claim is not None:
+            self._held(RunClaim(end.run_id, end.claim))
         run = self._runs.get(end.run_id)
         if run is not None:
             run.error, run.usage = end.error, end.usage
@@ -227,15 +254,18 @@ class MemoryStorage(Storage):
             thread.status = "interrupted" if thread.interrupts else "idle"
         return True
 
-    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
+    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
+                              agents: Mapping[str, str]) -> list[RunRow]:
         alive = set(alive_workers)
+        digests = set(agents.values())
         orphans = sorted((r for r in self._runs.values() if r.status in ACTIVE and r.worker_id not in alive
-                          and r.worker_id not in self._workers),
+                          and r.worker_id not in self._workers
+                          and (r.agent_digest in digests if r.agent_digest else r.assistant_id in agents)),
                          key=lambda r: self._order[r.run_id])
         found = [_copy(r) for r in orphans]
         for row in orphans:
             self._unindex(row)
-            row.status, row.worker_id = "pending", new_worker_id
+            row.status, row.worker_id, row.claim = "pending", new_worker_id, None
             self._index(row)
         self._pending = dict.fromkeys(sorted(self._pending, key=self._order.__getitem__))
         return found
@@ -255,7 +285,8 @@ class MemoryStorage(Storage):
 
     # -- checkpoints
 
-    async def put_checkpoint(self, row: CheckpointRow) -> None:
+    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None) -> None:
+        self._held(claim)
         row = _copy(row)
         self._checkpoints.setdefault(row.thread_id, []).append(row)
         self._checkpoint_by_id.setdefault(row.thread_id, {})[row.checkpoint_id] = row
@@ -298,13 +329,16 @@ class MemoryStorage(Storage):
         for row in self._checkpoints.get(thread_id, ()):
             await self.put_checkpoint(replace(row, thread_id=new_thread_id))
 
-    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
+    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
+                                claim: RunClaim | None = None) -> None:
+        self._held(claim)
         self._pending_writes.setdefault(thread_id, {})[key] = value
 
     async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
         return dict(self._pending_writes.get(thread_id, {}))
 
-    async def clear_pending_writes(self, thread_id: str) -> None:
+    async def clear_pending_writes(self, thread_id: str, claim: RunClaim | None = None) -> None:
+        self._held(claim)
         self._pending_writes.pop(thread_id, None)
 
     # -- inbox
@@ -319,7 +353,8 @@ class MemoryStorage(Storage):
     async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         return [(key, entry[0]) for key, entry in self._inbox.get(thread_id, {}).items() if not entry[1]]
 
-    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
+    async def ack_inbox(self, thread_id: str, keys: Sequence[str], claim: RunClaim | None = None) -> None:
+        self._held(claim)
         box = self._inbox.get(thread_id, {})
         for key in keys:
             if key in box:

@@ -27,7 +27,8 @@ import psycopg
 from psycopg import AsyncConnection, sql
 
 from backchannel._clock import now_iso
-from backchannel.errors import StorageUnavailableError
+from backchannel._ids import new_id
+from backchannel.errors import LostRunError, StorageUnavailableError
 from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._pgpool import ConnectionPool, unavailable
@@ -52,6 +53,7 @@ from backchannel.runtime.rows import (
     CancelAction,
     CheckpointRow,
     ItemRow,
+    RunClaim,
     RunEnd,
     RunRow,
     RunStatus,
@@ -114,11 +116,19 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE run_spans (run_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, spans TEXT NOT NULL)",
         "CREATE INDEX run_spans_by_thread ON run_spans(thread_id)",
     ),
+    (  # a run's claims: attempts that did not end, the current one's token (its writes carry it), its agent
+        "ALTER TABLE runs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0, ADD COLUMN claim TEXT, "
+        "ADD COLUMN agent_digest TEXT",
+    ),
 )
 
 _THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, interrupts, error"
 _RUN_COLUMNS = ("run_id, thread_id, assistant_id, created_at, updated_at, status, metadata, kwargs, "
-                "multitask_strategy, worker_id, scheduled_at, error, concurrency_key, concurrency_limit, usage")
+                "multitask_strategy, worker_id, scheduled_at, error, concurrency_key, concurrency_limit, usage, "
+                "attempts, claim, agent_digest")
+# A run's write under a claim (see the fencing rule): the claim's run row, locked against a take-over until
+# the write commits; a take-over that committed first makes it empty.
+_HELD = "SELECT 1 FROM runs WHERE run_id = %s AND claim = %s AND status = 'running' FOR SHARE"
 _CHECKPOINT_COLUMNS = "thread_id, seq, checkpoint_id, parent_id, run_id, delta, next, metadata, created_at"
 _ITEM_COLUMNS = "namespace, key, value::text, created_at, updated_at"
 
@@ -287,7 +297,7 @@ class PostgresStorage(Storage):
 
     async def create_run(self, row: RunRow) -> None:
         await self._write(
-            f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join(['%s'] * 18)})",
             run_values(row))
 
     async def get_run(self, run_id: str) -> RunRow | None:
@@ -340,14 +350,21 @@ class PostgresStorage(Storage):
             if not claimed:
                 return []
             # Under the locks, a fresh look: a run another worker claimed and committed meanwhile shows now.
-            taken = {r[0] for r in await (await conn.execute(
-                "UPDATE runs SET status = 'running', updated_at = %s WHERE run_id = ANY(%s) AND NOT EXISTS "
-                "(SELECT 1 FROM runs x WHERE x.thread_id = runs.thread_id AND x.status = 'running') RETURNING run_id",
-                (now, [r.run_id for r in claimed]))).fetchall()}
+            token = new_id()
+            taken = dict(await (await conn.execute(
+                "UPDATE runs SET status = 'running', updated_at = %s, attempts = attempts + 1, claim = %s "
+                "WHERE run_id = ANY(%s) AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = runs.thread_id "
+                "AND x.status = 'running') RETURNING run_id, attempts",
+                (now, token, [r.run_id for r in claimed]))).fetchall())
         claimed = [r for r in claimed if r.run_id in taken]
         for row in claimed:
-            row.status, row.updated_at = "running", now
+            row.status, row.updated_at, row.attempts, row.claim = "running", now, taken[row.run_id], token
         return claimed
+
+    async def release_run(self, claim: RunClaim, now: str) -> bool:
+        return bool(await self._write(
+            "UPDATE runs SET status = 'pending', claim = NULL, attempts = greatest(attempts - 1, 0), updated_at = %s "
+            "WHERE run_id = %s AND claim = %s AND status = 'running'", (now, *claim)))
 
     async def finish_run(self, end: RunEnd) -> bool:
         # The updates in one statement (its parts see the database as it was before it, hence "run_id <>
@@ -355,33 +372,48 @@ class PostgresStorage(Storage):
         # of its own, after it: mail stored before the lock was taken is seen there, and whoever stores
         # mail after it was released sees the run ended (and wakes the thread).
         checkpoint_id, stage = end.checkpoint_next or (None, None)
+        # Under a claim, every part is conditional on the claim holding (the run's row locked meanwhile).
+        held, holds = ("held AS (SELECT 1 FROM runs WHERE run_id = %(run)s AND claim = %(claim)s AND status = "
+                       "'running' FOR UPDATE), ", " AND EXISTS (SELECT 1 FROM held)") if end.claim else ("", "")
         updated = self._queue(
-            "WITH r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s, "
-            "  usage = %(usage)s WHERE run_id = %(run)s), "
+            f"WITH {held}r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s, "
+            f"  usage = %(usage)s WHERE run_id = %(run)s{holds}), "
             "s AS (INSERT INTO run_spans SELECT %(run)s, %(thread)s, %(spans)s::text WHERE %(spans)s::text IS NOT NULL "
-            "  ON CONFLICT (run_id) DO UPDATE SET spans = excluded.spans), "
+            f"  {holds} ON CONFLICT (run_id) DO UPDATE SET spans = excluded.spans), "
             "t AS (UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s "
             "  AND run_id <> %(run)s AND status IN ('pending', 'running')) THEN 'busy' ELSE %(thread_status)s END, "
             "  error = %(thread_error)s, updated_at = %(at)s, interrupts = coalesce(%(interrupts)s, interrupts) "
-            "  WHERE thread_id = %(thread)s), "
+            f"  WHERE thread_id = %(thread)s{holds}), "
             "c AS (UPDATE checkpoints SET next = %(stage)s WHERE thread_id = %(thread)s "
-            "  AND checkpoint_id = %(checkpoint)s) "
-            "SELECT 1",
+            f"  AND checkpoint_id = %(checkpoint)s{holds}) "
+            f"SELECT {'count(*) FROM held' if end.claim else '1'}",
             {"status": end.status, "error": dump(end.error) if end.error else None, "at": end.updated_at,
              "run": end.run_id, "thread": end.thread_id, "thread_status": end.thread_status,
              "thread_error": dump(end.thread_error) if end.thread_error else None,
              "interrupts": None if end.interrupts is None else dump(end.interrupts),
              "stage": stage, "checkpoint": checkpoint_id, "usage": dump(end.usage) if end.usage else None,
-             "spans": None if end.spans is None else dump(end.spans)}, "rowcount")
+             "spans": None if end.spans is None else dump(end.spans), "claim": end.claim}, "one")
         # Queued at once, so it follows the update in the same batch (a statement, not a round trip, more).
-        found = await self._queue("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %s AND NOT delivered)",
-                                  (end.thread_id,), "one")
-        await updated
+        mail = self._queue("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %s AND NOT delivered)",
+                           (end.thread_id,), "one")
+        holding, found = await asyncio.gather(updated, mail)
+        if not (holding and holding[0]):
+            raise LostRunError(f"run {end.run_id} is no longer this process's to run: its end was not recorded")
         return bool(found and found[0])
 
     async def run_spans(self, thread_id: str) -> dict[str, list[dict[str, Any]]]:
         rows = await self._all("SELECT run_id, spans FROM run_spans WHERE thread_id = %s", (thread_id,))
         return {run_id: json.loads(spans) for run_id, spans in rows}
+
+    async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any]) -> None:
+        """Run a statement of a run's; under a claim, ``sql`` names ``held`` (see :data:`_HELD`), whose two
+        parameters come first, and returns its count of rows."""
+        if claim is None:
+            await self._write(sql, params)
+            return
+        found = await self._write_one(sql, (*claim, *params))
+        if not (found and found[0]):
+            raise LostRunError(f"run {claim.run_id} is no longer this process's to run")
 
     async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
         # The thread's update sees the runs as they were before the statement, the dropped one still
@@ -399,12 +431,14 @@ class PostgresStorage(Storage):
             "SELECT count(*) FROM d", {"run": run_id, "now": now})
         return bool(dropped and dropped[0])
 
-    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
+    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
+                              agents: Mapping[str, str]) -> list[RunRow]:
         rows = await self._queue(
-            "UPDATE runs SET status = 'pending', worker_id = %s WHERE status IN ('pending', 'running') "
+            "UPDATE runs SET status = 'pending', worker_id = %s, claim = NULL WHERE status IN ('pending', 'running') "
             "AND (worker_id IS NULL OR (NOT worker_id = ANY(%s) AND NOT EXISTS "
-            f"(SELECT 1 FROM workers w WHERE w.worker_id = runs.worker_id))) RETURNING seq, {_RUN_COLUMNS}",
-            (new_worker_id, list(alive_workers)), "all")
+            "(SELECT 1 FROM workers w WHERE w.worker_id = runs.worker_id))) AND (agent_digest = ANY(%s) OR "
+            f"(agent_digest IS NULL AND assistant_id = ANY(%s))) RETURNING seq, {_RUN_COLUMNS}",
+            (new_worker_id, list(alive_workers), list(agents.values()), list(agents)), "all")
         return [run_row(r[1:]) for r in sorted(rows)]  # in queue order
 
     def coordinator(self) -> PostgresCoordinator:
@@ -432,9 +466,14 @@ class PostgresStorage(Storage):
 
     # -- checkpoints
 
-    async def put_checkpoint(self, row: CheckpointRow) -> None:
-        await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) "
-                          "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)", checkpoint_values(row))
+    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None) -> None:
+        values = ", ".join(["%s"] * 9)
+        if claim is None:
+            await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES ({values})",
+                              checkpoint_values(row))
+            return
+        await self._fenced(claim, f"WITH held AS ({_HELD}), i AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) "
+                                  f"SELECT {values} FROM held) SELECT count(*) FROM held", checkpoint_values(row))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = await self._one(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints "
@@ -476,16 +515,26 @@ class PostgresStorage(Storage):
                           "parent_id, run_id, delta, next, metadata, created_at FROM checkpoints WHERE thread_id = %s",
                           (new_thread_id, thread_id))
 
-    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
-        await self._write("INSERT INTO pending_writes VALUES (%s, %s, %s) ON CONFLICT (thread_id, key) "
-                          "DO UPDATE SET value = excluded.value", (thread_id, key, dumps(value)))
+    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
+                                claim: RunClaim | None = None) -> None:
+        upsert = ("INSERT INTO pending_writes {} ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value")
+        params = (thread_id, key, dumps(value))
+        if claim is None:
+            await self._write(upsert.format("VALUES (%s, %s, %s)"), params)
+        else:
+            await self._fenced(claim, f"WITH held AS ({_HELD}), i AS ("
+                               f"{upsert.format('SELECT %s, %s, %s FROM held')}) SELECT count(*) FROM held", params)
 
     async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
         rows = await self._all("SELECT key, value FROM pending_writes WHERE thread_id = %s", (thread_id,))
         return {key: json.loads(value) for key, value in rows}
 
-    async def clear_pending_writes(self, thread_id: str) -> None:
-        await self._write("DELETE FROM pending_writes WHERE thread_id = %s", (thread_id,))
+    async def clear_pending_writes(self, thread_id: str, claim: RunClaim | None = None) -> None:
+        if claim is None:
+            await self._write("DELETE FROM pending_writes WHERE thread_id = %s", (thread_id,))
+        else:
+            await self._fenced(claim, f"WITH held AS ({_HELD}), d AS (DELETE FROM pending_writes WHERE thread_id = "
+                               "%s AND EXISTS (SELECT 1 FROM held)) SELECT count(*) FROM held", (thread_id,))
 
     # -- inbox
 
@@ -504,10 +553,16 @@ class PostgresStorage(Storage):
                                "ORDER BY created_at, seq", (thread_id,))
         return [(key, inbox_message(message)) for key, message in rows]
 
-    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
-        if keys:
+    async def ack_inbox(self, thread_id: str, keys: Sequence[str], claim: RunClaim | None = None) -> None:
+        if not keys:
+            return
+        if claim is None:
             await self._write("UPDATE inbox SET delivered = TRUE WHERE thread_id = %s AND key = ANY(%s)",
                               (thread_id, list(keys)))
+        else:
+            await self._fenced(claim, f"WITH held AS ({_HELD}), u AS (UPDATE inbox SET delivered = TRUE WHERE "
+                               "thread_id = %s AND key = ANY(%s) AND EXISTS (SELECT 1 FROM held)) "
+                               "SELECT count(*) FROM held", (thread_id, list(keys)))
 
     async def threads_with_mail(self) -> list[str]:
         return [r[0] for r in await self._all("SELECT DISTINCT thread_id FROM inbox WHERE NOT delivered")]

@@ -165,7 +165,8 @@ class RunQueue:
         return RunRow(str(uuid.uuid4()), thread.thread_id, assistant, now.isoformat(), now.isoformat(),
                       "pending", metadata, kwargs, strategy, self.worker_id,
                       (now + timedelta(seconds=run.after_seconds or 0)).isoformat(),
-                      concurrency_key=run.concurrency_key, concurrency_limit=run.concurrency_limit)
+                      concurrency_key=run.concurrency_key, concurrency_limit=run.concurrency_limit,
+                      agent_digest=self.registry.digest_of(graph_id))
 
     # -- cancelling
 

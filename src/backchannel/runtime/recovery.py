@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,8 +44,9 @@ class Recovery:
     """This runtime's heartbeats, and its take-overs of dead workers' runs."""
 
     def __init__(self, storage: Storage, scheduler: Scheduler, mail: Mail, *, worker_id: str,
-                 heartbeat_interval: float, lease: float) -> None:
+                 heartbeat_interval: float, lease: float, served: Callable[[], Mapping[str, str]]) -> None:
         self.storage = storage
+        self._served = served  # the agents this runtime serves (assistant id -> digest): it takes only their runs
         self.scheduler = scheduler
         self.mail = mail
         self.worker_id = worker_id
@@ -68,7 +70,7 @@ class Recovery:
         alive = [w for w, (info, beat) in workers.items() if w == self.worker_id or _is_alive(info, beat, lease)]
         for dead in workers.keys() - set(alive):
             await self.storage.forget_worker(dead)
-        recovered = await self.storage.requeue_orphans(alive, self.worker_id)
+        recovered = await self.storage.requeue_orphans(alive, self.worker_id, self._served())
         for row in recovered:
             self.scheduler.queued(row.run_id)
             await self.storage.update_thread(row.thread_id, status="busy")

@@ -1,8 +1,18 @@
-"""The agents a runtime serves: one assistant per graph id, found by graph id or by assistant id."""
+"""The agents a runtime serves: one assistant per graph id, found by graph id or by assistant id.
+
+Where programs share a database, a name is not enough to tell their agents apart
+(two programs may each have a ``researcher``): each registered agent also has a
+digest of its graph id and its shape (its name, its tools, its middleware and the
+agents those run on the runtime; not its prompt or model, which may change between
+restarts). Runs store it, and a runtime takes over only the runs of agents it serves.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
+from typing import Any
 
 from backchannel._ids import assistant_id_for
 from backchannel.agent import Agent
@@ -15,12 +25,14 @@ __all__ = ["Registry"]
 
 
 class Registry:
-    """The registered agents by graph id; each joins ``host`` (its ``runtime``) unless it has one."""
+    """The registered agents by graph id; each works on ``host`` (its ``runtime``) from its registration
+    until :meth:`release` (the runtime closes)."""
 
     def __init__(self, host: HostRuntime) -> None:
         self.host = host
         self.graphs: dict[str, Agent] = {}
         self._graph_ids: dict[str, str] = {}  # assistant id -> graph id
+        self._digests: dict[str, str] = {}  # graph id -> digest
 
     def register_all(self, agents: Mapping[str, Agent]) -> None:
         """Register agents under the names given, then the agents their middleware run on the runtime."""
@@ -35,10 +47,24 @@ class Registry:
             raise ValueError(f"an agent is already registered as {graph_id!r}")
         self.graphs[graph_id] = agent
         self._graph_ids[assistant_id_for(graph_id)] = graph_id
-        if agent.runtime is None:
-            agent.runtime = self.host
+        self._digests[graph_id] = _digest(graph_id, agent)
+        agent.runtime = self.host  # the runtime it joined last keeps its threads
         if subagents:
             self._register_subagents(agent)
+
+    def release(self) -> None:
+        """The runtime closes: its agents keep no threads through it any more."""
+        for agent in self.graphs.values():
+            if agent.runtime is self.host:
+                agent.runtime = None
+
+    def digest_of(self, graph_id: str) -> str:
+        """The digest of the agent registered as ``graph_id`` (what its runs store, beside its assistant id)."""
+        return self._digests[graph_id]
+
+    def served(self) -> dict[str, str]:
+        """Every agent registered here: assistant id -> digest."""
+        return {assistant_id_for(graph_id): digest for graph_id, digest in self._digests.items()}
 
     def _register_subagents(self, agent: Agent) -> None:
         # The agents its middleware runs on this runtime (background subagents) are registered now,
@@ -77,3 +103,15 @@ class Registry:
         """The state reducers of the agent that last ran on ``thread`` (none if it is not registered here)."""
         agent = self.graphs.get(thread.metadata.get("graph_id", ""))
         return agent.state_reducers() if agent is not None else {}
+
+
+def _digest(graph_id: str, agent: Agent) -> str:
+    """What tells ``agent`` from another agent of the same name: a digest of its graph id and its shape."""
+    shape = [graph_id, agent.graph_name, sorted(map(_tool_name, agent.tools)),
+             [(type(mw).__module__, type(mw).__qualname__, sorted(map(_tool_name, mw.tools)),
+               sorted(sub.graph_name for sub in mw.runtime_agents())) for mw in agent.middleware]]
+    return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
+
+
+def _tool_name(tool: Any) -> str:
+    return str(getattr(tool, "name", None) or getattr(tool, "__name__", None) or type(tool).__name__)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
-__all__ = ["ACTIVE", "TERMINAL", "CancelAction", "CheckpointRow", "ItemRow", "RunEnd", "RunRow", "RunStatus",
-           "ThreadRow", "ThreadStatus", "thread_order"]
+__all__ = ["ACTIVE", "TERMINAL", "CancelAction", "CheckpointRow", "ItemRow", "RunClaim", "RunEnd", "RunRow",
+           "RunStatus", "ThreadRow", "ThreadStatus", "thread_order"]
 
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 # A run's own "interrupted" means it was cancelled; a run that paused for a human succeeded (its thread waits).
@@ -51,6 +51,20 @@ class RunRow:
     concurrency_key: str | None = None  # runs sharing a key run at most concurrency_limit at a time
     concurrency_limit: int | None = None
     usage: dict[str, Any] | None = None  # the tokens it used (backchannel.usage), once it has ended
+    attempts: int = 0  # times it was claimed without ending or being handed back (a crash mid-run counts)
+    claim: str | None = None  # the token of the claim it runs under: its writes carry it (see RunClaim)
+    agent_digest: str | None = None  # which agent it is for, beyond a name (see Registry.digest_of)
+
+
+class RunClaim(NamedTuple):
+    """A running run as one claim of it: its writes change storage only while this claim holds.
+
+    A claim holds from :meth:`~backchannel.runtime.storage.RunStorage.claim_runs` until the run
+    ends, is handed back, or is taken over by another process (which claims it anew).
+    """
+
+    run_id: str
+    token: str
 
 
 @dataclass(slots=True)
@@ -83,6 +97,7 @@ class RunEnd:
     checkpoint_next: tuple[str, str] | None = None  # (checkpoint_id, stage): where the thread continues
     usage: dict[str, Any] | None = None  # the tokens the run used (backchannel.usage)
     spans: list[dict[str, Any]] | None = None  # what it did (backchannel.tracing.Trace.span_dicts)
+    claim: str | None = None  # the token of the claim the run ran under: recorded only while it holds
 
 
 @dataclass(slots=True)

@@ -73,8 +73,8 @@ class Scheduler:
             self.kick()
 
     def stranded(self, row: RunRow) -> None:
-        """A run executing here lost its database: start it again (from its last checkpoint) once the
-        database answers and the run is still this process's."""
+        """A run executing here lost its database, or a write of it was refused: start it again (from its
+        last checkpoint) once the database answers if it is still this process's; else end its stream."""
         self._stranded[row.run_id] = row
 
     def dropped(self, run_id: str) -> None:
@@ -151,7 +151,8 @@ class Scheduler:
         for run_id, row in list(self._stranded.items()):
             fresh = await self.storage.get_run(run_id)
             del self._stranded[run_id]
-            if fresh is not None and fresh.status == "running" and fresh.worker_id == self.worker_id:
+            if fresh is not None and fresh.status == "running" and fresh.claim == row.claim \
+                    and fresh.worker_id == self.worker_id:  # still under the claim it ran under here
                 self._start(fresh)
             else:  # it ended (its end was committed after all) or another process took it over
                 self._let_go(row, fresh)

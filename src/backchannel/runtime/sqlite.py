@@ -31,7 +31,8 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 from backchannel._clock import now_iso
-from backchannel.errors import StorageUnavailableError
+from backchannel._ids import new_id
+from backchannel.errors import LostRunError, StorageUnavailableError
 from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
@@ -55,6 +56,7 @@ from backchannel.runtime.rows import (
     CancelAction,
     CheckpointRow,
     ItemRow,
+    RunClaim,
     RunEnd,
     RunRow,
     RunStatus,
@@ -124,6 +126,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE runs ADD COLUMN usage TEXT",
         "CREATE TABLE run_spans (run_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, spans TEXT NOT NULL)",
         "CREATE INDEX run_spans_by_thread ON run_spans(thread_id)",
+    ),
+    (
+        # A run's claims: how many did not end (a run that keeps killing its process stops being retried),
+        # the token of the current one (every write of the run carries it), and the agent it is for.
+        "ALTER TABLE runs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE runs ADD COLUMN claim TEXT",
+        "ALTER TABLE runs ADD COLUMN agent_digest TEXT",
     ),
 )
 
@@ -414,7 +423,7 @@ class SQLiteStorage(Storage):
     # -- runs
 
     async def create_run(self, row: RunRow) -> None:
-        await self._write("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", run_values(row))
+        await self._write(f"INSERT INTO runs VALUES ({','.join('?' * 18)})", run_values(row))
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -455,15 +464,43 @@ class SQLiteStorage(Storage):
             running = dict(db.execute("SELECT concurrency_key, count(*) FROM runs WHERE status = 'running' "
                                       "AND concurrency_key IS NOT NULL GROUP BY concurrency_key").fetchall())
             claimed = pick_claims(map(run_row, candidates), running, limit)
-            db.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id IN "
-                       "(SELECT value FROM json_each(?))", (now, dump([r.run_id for r in claimed])))
+            token = new_id()
+            db.execute("UPDATE runs SET status = 'running', updated_at = ?, attempts = attempts + 1, claim = ? "
+                       "WHERE run_id IN (SELECT value FROM json_each(?))",
+                       (now, token, dump([r.run_id for r in claimed])))
         await self._committed()
         for row in claimed:
-            row.status = "running"
+            row.status, row.attempts, row.claim = "running", row.attempts + 1, token
         return claimed
+
+    @staticmethod
+    def _hold(db: sqlite3.Connection, claim: RunClaim | None) -> None:
+        """Within the tick's transaction (no other process writes meanwhile): raise LostRunError unless the
+        run is running under ``claim``."""
+        if claim is not None and db.execute("SELECT 1 FROM runs WHERE run_id = ? AND claim = ? AND status = "
+                                            "'running'", claim).fetchone() is None:
+            raise LostRunError(f"run {claim.run_id} is no longer this process's to run")
+
+    async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any]) -> None:
+        """Run one statement of a run's, if its claim holds."""
+        if claim is None:
+            await self._write(sql, params)
+            return
+        with self._transaction() as db:
+            self._hold(db, claim)
+            db.execute(sql, params)
+        await self._committed()
+
+    async def release_run(self, claim: RunClaim, now: str) -> bool:
+        changed = await self._write(
+            "UPDATE runs SET status = 'pending', claim = NULL, attempts = max(attempts - 1, 0), updated_at = ? "
+            "WHERE run_id = ? AND claim = ? AND status = 'running'", (now, *claim))
+        return bool(changed)
 
     async def finish_run(self, end: RunEnd) -> bool:
         with self._transaction() as db:
+            if end.claim is not None:
+                self._hold(db, RunClaim(end.run_id, end.claim))
             db.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, usage = ? WHERE run_id = ?",
                        (end.status, dump(end.error) if end.error else None, end.updated_at,
                         dump(end.usage) if end.usage else None, end.run_id))
@@ -506,14 +543,18 @@ class SQLiteStorage(Storage):
         await self._committed()
         return True
 
-    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
+    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
+                              agents: Mapping[str, str]) -> list[RunRow]:
         marks = ",".join("?" * len(alive_workers))
         orphaned = (f"status IN ('pending', 'running') AND (worker_id IS NULL OR (worker_id NOT IN ({marks}) "
-                    "AND worker_id NOT IN (SELECT worker_id FROM workers)))")
+                    "AND worker_id NOT IN (SELECT worker_id FROM workers))) AND (agent_digest IN "
+                    "(SELECT value FROM json_each(?)) OR (agent_digest IS NULL AND assistant_id IN "
+                    "(SELECT value FROM json_each(?))))")
+        served = (*alive_workers, dump(list(agents.values())), dump(list(agents)))
         with self._transaction() as db:
-            rows = db.execute(f"SELECT * FROM runs WHERE {orphaned} ORDER BY rowid", tuple(alive_workers)).fetchall()
-            db.execute(f"UPDATE runs SET status = 'pending', worker_id = ? WHERE {orphaned}",
-                       (new_worker_id, *alive_workers))
+            rows = db.execute(f"SELECT * FROM runs WHERE {orphaned} ORDER BY rowid", served).fetchall()
+            db.execute(f"UPDATE runs SET status = 'pending', worker_id = ?, claim = NULL WHERE {orphaned}",
+                       (new_worker_id, *served))
         await self._committed()
         return [run_row(r) for r in rows]
 
@@ -537,8 +578,8 @@ class SQLiteStorage(Storage):
 
     # -- checkpoints
 
-    async def put_checkpoint(self, row: CheckpointRow) -> None:
-        await self._write("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)", checkpoint_values(row))
+    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None) -> None:
+        await self._fenced(claim, "INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)", checkpoint_values(row))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
@@ -576,15 +617,17 @@ class SQLiteStorage(Storage):
         await self._write("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
                           "metadata, created_at FROM checkpoints WHERE thread_id = ?", (new_thread_id, thread_id))
 
-    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
-        await self._write("INSERT OR REPLACE INTO pending_writes VALUES (?,?,?)", (thread_id, key, dumps(value)))
+    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
+                                claim: RunClaim | None = None) -> None:
+        await self._fenced(claim, "INSERT OR REPLACE INTO pending_writes VALUES (?,?,?)",
+                           (thread_id, key, dumps(value)))
 
     async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
         rows = self.db.execute("SELECT key, value FROM pending_writes WHERE thread_id = ?", (thread_id,))
         return {key: json.loads(value) for key, value in rows.fetchall()}
 
-    async def clear_pending_writes(self, thread_id: str) -> None:
-        await self._write("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
+    async def clear_pending_writes(self, thread_id: str, claim: RunClaim | None = None) -> None:
+        await self._fenced(claim, "DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
 
     # -- inbox
 
@@ -597,9 +640,9 @@ class SQLiteStorage(Storage):
                                "ORDER BY created_at, rowid", (thread_id,))
         return [(key, inbox_message(message)) for key, message in rows.fetchall()]
 
-    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
-        await self._write("UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key IN "
-                          "(SELECT value FROM json_each(?))", (thread_id, dump(list(keys))))
+    async def ack_inbox(self, thread_id: str, keys: Sequence[str], claim: RunClaim | None = None) -> None:
+        await self._fenced(claim, "UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key IN "
+                           "(SELECT value FROM json_each(?))", (thread_id, dump(list(keys))))
 
     async def threads_with_mail(self) -> list[str]:
         rows = self.db.execute("SELECT DISTINCT thread_id FROM inbox WHERE delivered = 0")

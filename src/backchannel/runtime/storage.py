@@ -24,6 +24,7 @@ from backchannel.runtime.rows import (
     CancelAction,
     CheckpointRow,
     ItemRow,
+    RunClaim,
     RunEnd,
     RunRow,
     RunStatus,
@@ -77,6 +78,12 @@ class RunStorage(Protocol):
     first, one per thread (:func:`pick_claims` applies it to rows already due).
     The finish rule: a run's end sets its thread's status, unless another run of
     the thread is still pending or running, which keeps the thread ``busy``.
+
+    The fencing rule: each claim of a run gets a fresh token (:class:`RunClaim`); a write
+    that carries one (a run's end, checkpoints, pending tool results, taking mail) changes
+    nothing unless the run is ``running`` under that very claim, and raises
+    :class:`~backchannel.errors.LostRunError` instead, checked in the statement that writes.
+    A process that lost a run (taken over while it stalled) can change nothing about it.
     """
 
     @abc.abstractmethod
@@ -106,13 +113,20 @@ class RunStorage(Protocol):
 
     @abc.abstractmethod
     async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
-        """Mark up to ``limit`` claimable runs of this worker ``running`` and return them (see the claim rule)."""
+        """Mark up to ``limit`` claimable runs of this worker ``running`` and return them (see the claim rule),
+        each under a new claim (its ``claim`` token) and with its ``attempts`` counted up by one."""
+
+    @abc.abstractmethod
+    async def release_run(self, claim: RunClaim, now: str) -> bool:
+        """Hand a running run back, unstarted (``pending``, for the same worker; its attempt not counted), as a
+        runtime does that stops without ending it. ``False`` if the claim no longer holds."""
 
     @abc.abstractmethod
     async def finish_run(self, end: RunEnd) -> bool:
         """Record a run's end: its status, error and usage, and its spans if given; its thread's status (see
         the finish rule), error and interrupts; and, if given, the ``next`` stage of the checkpoint the run
-        stopped at. Returns whether the thread has undelivered inbox messages.
+        stopped at. Returns whether the thread has undelivered inbox messages. With ``end.claim``, fenced (see
+        the fencing rule).
         """
 
     @abc.abstractmethod
@@ -128,9 +142,12 @@ class RunStorage(Protocol):
         """
 
     @abc.abstractmethod
-    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str) -> list[RunRow]:
+    async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
+                              agents: Mapping[str, str]) -> list[RunRow]:
         """Give the running and pending runs of workers that are neither in ``alive_workers`` nor
-        registered (see :meth:`WorkerStorage.heartbeat`) to ``new_worker_id``, as pending.
+        registered (see :meth:`WorkerStorage.heartbeat`) to ``new_worker_id``, as pending (their
+        claims no longer hold): those of the agents it serves, ``agents`` (assistant id -> agent
+        digest; a run stored without a digest goes by its assistant id).
 
         The caller forgets the workers it found dead first; a worker that registered since it
         looked keeps its runs.
@@ -166,8 +183,8 @@ class CheckpointStorage(Protocol):
     """Checkpoints (each step's state change) and the tool results of a parallel batch not yet checkpointed."""
 
     @abc.abstractmethod
-    async def put_checkpoint(self, row: CheckpointRow) -> None:
-        """Append a checkpoint."""
+    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None) -> None:
+        """Append a checkpoint (written by a run: under its ``claim``, see the fencing rule)."""
 
     @abc.abstractmethod
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
@@ -199,16 +216,17 @@ class CheckpointStorage(Protocol):
         """Copy a thread's checkpoints to another thread (a fork)."""
 
     @abc.abstractmethod
-    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any]) -> None:
-        """Keep one finished tool call of a parallel batch until the batch is checkpointed."""
+    async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
+                                claim: RunClaim | None = None) -> None:
+        """Keep one finished tool call of a parallel batch until the batch is checkpointed (fenced by ``claim``)."""
 
     @abc.abstractmethod
     async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
         """The thread's pending tool results, by tool call id."""
 
     @abc.abstractmethod
-    async def clear_pending_writes(self, thread_id: str) -> None:
-        """Drop a thread's pending tool results once their batch is checkpointed."""
+    async def clear_pending_writes(self, thread_id: str, claim: RunClaim | None = None) -> None:
+        """Drop a thread's pending tool results once their batch is checkpointed (fenced by ``claim``)."""
 
 
 class InboxStorage(Protocol):
@@ -223,8 +241,8 @@ class InboxStorage(Protocol):
         """Undelivered ``(key, message)`` pairs, oldest first."""
 
     @abc.abstractmethod
-    async def ack_inbox(self, thread_id: str, keys: Sequence[str]) -> None:
-        """Mark messages delivered."""
+    async def ack_inbox(self, thread_id: str, keys: Sequence[str], claim: RunClaim | None = None) -> None:
+        """Mark messages delivered (to the run holding ``claim``: fenced, see the fencing rule)."""
 
     @abc.abstractmethod
     async def threads_with_mail(self) -> list[str]:
