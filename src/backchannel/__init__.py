@@ -43,6 +43,7 @@ from backchannel.models import ChatModel, ModelRequest, ScriptedModel, init_mode
 from backchannel.result import RunResult
 from backchannel.streaming import AgentStream, SubagentHandle
 from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime, tool
+from backchannel.tracing import configure_tracing
 
 # The higher layers load on first use, so ``import backchannel`` stays light.
 _LAZY = {
@@ -132,6 +133,7 @@ __all__ = [
     "after_model",
     "before_agent",
     "before_model",
+    "configure_tracing",
     "create_agent",
     "init_model",
     "interrupt",
