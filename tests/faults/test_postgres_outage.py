@@ -14,6 +14,7 @@ import asyncio
 import sys
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -136,6 +137,7 @@ async def test_servers_recover_from_a_postgres_outage_and_lose_nothing(tmp_path,
             try:
                 settled_at = await _settled(storage, servers, back)
                 beats = await storage.workers()
+                ages = [(datetime.now(UTC) - datetime.fromisoformat(at)).total_seconds() for _, at in beats.values()]
                 runs_by_thread = {t: list(reversed((await clients[1].get(f"/threads/{t}/runs",
                                                                          params={"limit": 1000})).json()))
                                   for t in threads}
@@ -149,8 +151,10 @@ async def test_servers_recover_from_a_postgres_outage_and_lose_nothing(tmp_path,
                 if server.process is not None:
                     server.stop()
 
-    # every server heartbeats again, and none was taken for dead
+    # every server heartbeats again, and none was taken for dead (the outage outlasted the lease)
     assert len(beats) == SERVERS
+    assert max(ages) < LEASE, ages
+    assert not any("missed its heartbeats" in s.log.read_text() for s in servers)
     # every acknowledged run is stored, and every stored run succeeded
     stored = {r["run_id"]: r for runs in runs_by_thread.values() for r in runs}
     assert set(traffic.acknowledged.values()) <= set(stored), "acknowledged runs were lost"
