@@ -270,6 +270,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--client-timeout", type=float, default=10.0, metavar="SECONDS",
                        help="seconds a client may take to send a request, or leave what the server writes unread, "
                             "before it is disconnected")
+    serve.add_argument("--max-concurrency", type=int, default=256, metavar="N",
+                       help="runs executing at once in this process; more wait in the queue (each live run "
+                            "streaming a model's tokens holds about 30 KiB)")
     return parser
 
 
@@ -307,7 +310,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     serve(agents, host=args.host, port=args.port, database=args.database, api_key=args.api_key,
           public_url=args.public_url, grace=args.grace, lease=args.lease, demo_page=demo_page,
           cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts),
-          client_timeout=args.client_timeout)
+          client_timeout=args.client_timeout, max_concurrency=args.max_concurrency)
     return 0
 
 

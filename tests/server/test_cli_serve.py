@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+import uuid
 
+import httpx
 from server_helpers import ProcessServer
 
 
@@ -32,3 +35,22 @@ def test_serve_refuses_an_open_host_without_a_key(tmp_path):
     assert nothing.returncode == 2 and "nothing to serve" in nothing.stdout
     bad = cli("serve", "--agents", "no_such_module:agent", "--database", f"sqlite:///{tmp_path}/x.db")
     assert bad.returncode == 1 and "cannot load no_such_module:agent" in bad.stderr
+
+
+def test_serve_runs_at_most_max_concurrency_runs_at_once(tmp_path):
+    with ProcessServer(["server_agents:AGENTS"], f"sqlite:///{tmp_path}/state.db",
+                       extra=["--max-concurrency", "2"]) as server, httpx.Client(base_url=server.url) as http:
+        for _ in range(4):  # the glacial agent takes 5 s a run
+            http.post(f"/threads/{uuid.uuid4()}/runs", json={
+                "assistant_id": "glacial", "input": {"messages": [{"role": "user", "content": "hi"}]},
+                "if_not_exists": "create"}).raise_for_status()
+        deadline = time.monotonic() + 4
+        while (statuses := _run_statuses(http)).count("running") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(statuses) == ["pending", "pending", "running", "running"]
+
+
+def _run_statuses(http: httpx.Client) -> list[str]:
+    threads = http.post("/threads/search", json={"limit": 10}).raise_for_status().json()
+    return [run["status"] for t in threads
+            for run in http.get(f"/threads/{t['thread_id']}/runs").raise_for_status().json()]

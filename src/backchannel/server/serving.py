@@ -80,7 +80,8 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
           database: str | None = None, api_key: str | None = None, public_url: str | None = None,
           grace: float = 10.0, lease: float = 30.0, log_level: str = "info", demo_page: DemoPage | None = None,
           cors_origins: Sequence[str] | None = None, allowed_hosts: Sequence[str] | None = None,
-          client_timeout: float = DEFAULT_CLIENT_TIMEOUT, on_ready: Callable[[], None] | None = None) -> None:
+          client_timeout: float = DEFAULT_CLIENT_TIMEOUT, max_concurrency: int = 256,
+          on_ready: Callable[[], None] | None = None) -> None:
     """Serve ``agents`` over HTTP until SIGINT or SIGTERM (then: no new runs, ``grace`` seconds for running ones).
 
     ``database`` is the runtime's store URL (SQLite by default). ``public_url`` is
@@ -91,7 +92,8 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
     missed its heartbeats for ``lease`` seconds. ``cors_origins`` and ``allowed_hosts`` say which web
     pages may call it and under which names (see :func:`~backchannel.server.browsers.default_policy`).
     A client gets ``client_timeout`` seconds to send a request's headers or body, and to read what the
-    server writes, before it is disconnected (:mod:`backchannel.server.connections`).
+    server writes, before it is disconnected (:mod:`backchannel.server.connections`). At most
+    ``max_concurrency`` runs execute at once in this process; the others wait in the queue.
     """
     import uvicorn
 
@@ -102,7 +104,8 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
 
     url = public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     runtime = LocalRuntime(database or DEFAULT_STORE, {graph_id: served(a) for graph_id, a in agents.items()},
-                           public_url=url, lease=lease, heartbeat_interval=min(5.0, lease / 5))
+                           public_url=url, lease=lease, heartbeat_interval=min(5.0, lease / 5),
+                           max_concurrency=max_concurrency)
     names = [host, urllib.parse.urlsplit(url).hostname or host]
     browsers = default_policy(api_key=api_key, cors_origins=cors_origins, allowed_hosts=allowed_hosts,
                               served_names=names)
