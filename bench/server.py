@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import shutil
@@ -125,14 +126,17 @@ def wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path, timeout
 
 
 @contextmanager
-def backchannel_server(workdir: Path, database: str | None = None,
-                       log_name: str = "backchannel.log") -> Iterator[tuple[str, int]]:
-    """``backchannel serve`` of the echo agent on ``database`` (a SQLite file in ``workdir`` by default)."""
-    (workdir / "bench_agents.py").write_text(BACKCHANNEL_AGENT)
+def backchannel_server(workdir: Path, database: str | None = None, log_name: str = "backchannel.log", *,
+                       agents: str = BACKCHANNEL_AGENT, assistant: str = "echo",
+                       options: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
+    """``backchannel serve`` of ``agents``' ``agent`` (the echo agent) as ``assistant`` on ``database`` (a SQLite
+    file in ``workdir`` by default), with more ``serve`` options if given."""
+    (workdir / "bench_agents.py").write_text(agents)
     port = free_port()
     log = workdir / log_name
     command = [sys.executable, "-m", "backchannel.cli", "serve", "--port", str(port), "--agents",
-               "echo=bench_agents:agent", "--database", database or f"sqlite:///{workdir}/state.db"]
+               f"{assistant}=bench_agents:agent", "--database", database or f"sqlite:///{workdir}/state.db",
+               *options]
     with _process(command, workdir, log) as process:
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url, process, log)
@@ -140,16 +144,19 @@ def backchannel_server(workdir: Path, database: str | None = None,
 
 
 @contextmanager
-def langgraph_server(workdir: Path) -> Iterator[tuple[str, int]]:
+def langgraph_server(workdir: Path, *, graph: str | None = None, assistant: str = "echo",
+                     jobs: int = CLIENTS) -> Iterator[tuple[str, int]]:
+    """``langgraph dev`` of ``graph``'s ``graph`` (the echo agent) as ``assistant``, running ``jobs`` runs at once."""
     cli = shutil.which("langgraph", path=os.path.dirname(sys.executable))
     if cli is None:
         raise ModuleNotFoundError("langgraph-cli is not installed here")
-    (workdir / "graph.py").write_text(LANGGRAPH_AGENT.format(bench=str(BENCH)))
-    (workdir / "langgraph.json").write_text('{"dependencies": ["."], "graphs": {"echo": "./graph.py:graph"}}')
+    (workdir / "graph.py").write_text(graph or LANGGRAPH_AGENT.format(bench=str(BENCH)))
+    config = {"dependencies": ["."], "graphs": {assistant: "./graph.py:graph"}}
+    (workdir / "langgraph.json").write_text(json.dumps(config))
     port = free_port()
     log = workdir / "langgraph.log"
     command = [cli, "dev", "--config", str(workdir / "langgraph.json"), "--port", str(port), "--no-browser",
-               "--no-reload", "--n-jobs-per-worker", str(CLIENTS)]
+               "--no-reload", "--n-jobs-per-worker", str(jobs)]
     with _process(command, workdir, log) as process:
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url, process, log)
