@@ -1,12 +1,14 @@
 """Streaming: each LangGraph stream mode, subgraph naming, errors, and joining a stream (replay, Last-Event-ID)."""
 
 import asyncio
+import tracemalloc
 
 import pytest
 from runtime_helpers import contents, echo_agent, eventually, run_status_is, tool_loop, user
 
 from backchannel import ScriptedModel, ToolMessage, ToolRuntime, create_agent, tool
 from backchannel.hitl import HumanInTheLoop
+from backchannel.models.base import ChatModel, FinishDelta, TextDelta
 
 
 @tool
@@ -342,3 +344,38 @@ def lookup_step():
         return f"step {i} ok"
 
     return step
+
+
+class _Tokens(ChatModel):
+    """Streams ``n`` short tokens, letting the event loop run between them as a model's network reads do."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    async def stream(self, request):
+        for _ in range(self.n):
+            await asyncio.sleep(0)
+            yield TextDelta("token ")
+        yield FinishDelta(None, "stop", {}, None)
+
+
+async def test_a_live_stream_holds_no_more_memory_the_longer_it_runs(make_runtime):
+    """A reader following a run (not resumable) has each part once: what it has had is let go, so the
+    memory a stream holds stays flat over thousands of tokens."""
+    rt = await make_runtime({"agent": create_agent(_Tokens(12_000))}, store="memory")
+    thread = await rt.threads.create()
+    held: dict[int, int] = {}
+    tracemalloc.start()
+    try:
+        tokens = 0
+        async for part in rt.runs.stream(thread["thread_id"], "agent", input=user("go"),
+                                         stream_mode="messages-tuple"):
+            if part.event == "messages" and part.data[0]["content"]:
+                tokens += 1
+                if tokens in (2_000, 11_000):
+                    held[tokens] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert tokens == 12_000
+    grown = held[11_000] - held[2_000]
+    assert grown < 200_000, f"the stream held {grown:,} bytes more after 9,000 more tokens"

@@ -63,7 +63,7 @@ class StreamMapper:
         nested = bool(event.namespace)
         if nested and not self.subgraphs and event.type != "lifecycle":
             return
-        suffix = "".join(f"|{segment}" for segment in wire_namespace(event.namespace))
+        suffix = "".join(f"|{segment}" for segment in wire_namespace(event.namespace)) if nested else ""
         event_id = str(event.seq)
         handler = getattr(self, f"_on_{event.type}", None)
         if handler is None:
@@ -141,26 +141,32 @@ class StreamMapper:
         yield "messages-tuple", [message, self._meta(event, node="tools")]
 
     def _on_message(self, event: Event) -> Iterator[tuple[str, Any]]:
+        # A model streams many deltas: only what the requested modes show is built for each.
         data = event.data
         message_id = data["message_id"]
-        meta = self._meta(event, node="model")
+        modes = self.modes
         if data["event"] == "start":
-            self._partial[message_id] = {**message_to_dict(AIMessage(id=message_id, name=event.agent or None))}
-            yield "events", self._langchain_event("on_chat_model_start", "model", event, {})
+            if "messages" in modes:
+                self._partial[message_id] = message_to_dict(AIMessage(id=message_id, name=event.agent or None))
+            if "events" in modes:
+                yield "events", self._langchain_event("on_chat_model_start", "model", event, {})
             if message_id not in self._seen:
                 self._seen.add(message_id)
-                yield "messages/metadata", {message_id: {"metadata": meta}}
+                yield "messages/metadata", {message_id: {"metadata": self._meta(event, node="model")}}
             return
         if data["event"] == "delta":
             chunk = _chunk(message_id, data, event.agent)
-            yield "messages-tuple", [chunk, meta]
-            yield "events", self._langchain_event("on_chat_model_stream", "model", event, {"chunk": chunk})
+            if "messages-tuple" in modes:
+                yield "messages-tuple", [chunk, self._meta(event, node="model")]
+            if "events" in modes:
+                yield "events", self._langchain_event("on_chat_model_stream", "model", event, {"chunk": chunk})
             partial = self._partial.get(message_id)
             if partial is not None:
                 if "text" in data:
                     partial["content"] += data["text"]
                 yield "messages/partial", [dict(partial)]
             return
+        meta = self._meta(event, node="model")
         final = message_to_dict(data["message"])
         self._partial.pop(message_id, None)
         last = {**final, "type": "AIMessageChunk", "content": "", "tool_call_chunks": [], "tool_calls": [],

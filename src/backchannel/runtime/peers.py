@@ -141,8 +141,8 @@ class Peers:
 
     def run_started(self, row: RunRow, stream: RunStream) -> None:
         """Relay the run's events if somebody elsewhere asked to follow it before it started here."""
-        if self._remote.pop(row.run_id, None) is not None and stream.events:
-            stream.bus.seq = stream.events[-1].seq  # taken over from its dead executor: number on from there
+        if self._remote.pop(row.run_id, None) is not None and stream.last_seq:
+            stream.bus.seq = stream.last_seq  # taken over from its dead executor: number on from there
         asked = self._watched.pop(row.run_id, None)
         if asked is not None:
             self._relay(row.run_id, stream, 0, asked[1])

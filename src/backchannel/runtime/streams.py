@@ -38,7 +38,9 @@ class RunStream:
         self.final_row: RunRow | None = None
         self.interrupts: list[dict[str, Any]] = []
         self.result: dict[str, Any] | None = None
-        self._waiter: asyncio.Future[None] | None = None
+        self.last_seq = 0  # of the last event kept (the events a reader has had may be let go)
+        self._waiters: list[asyncio.Future[None]] = []  # one per reader waiting for the next change
+        self._readers = 0  # live readers of ``events``
         self._recording = False
         self._awaited = watched  # its creator will follow it: keep its events until then
         if resumable or watched:  # a run somebody follows from its creation records from the start
@@ -63,12 +65,15 @@ class RunStream:
     def add(self, event: Event) -> None:
         """Keep an event (numbered already) and wake the readers."""
         self.events.append(event)
-        self._wake()
+        self.last_seq = event.seq
+        if self._waiters:
+            self._wake()
 
     def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-        self._waiter = None
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # its reader may have been cancelled
+                waiter.set_result(None)
 
     def publish(self, type: str, data: Any, *, agent: str = "", thread_id: str | None = None) -> None:
         """Publish an event on behalf of the runtime (not the agent)."""
@@ -91,9 +96,9 @@ class RunStream:
         return self.status
 
     async def _next_change(self) -> None:
-        if self._waiter is None:
-            self._waiter = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._waiter)
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await waiter
 
     def follow(self, after_seq: int = 0, *, values: bool = False) -> AsyncIterator[Event]:
         """Every kept event with ``seq > after_seq``, then the ones still to come, until the run ends.
@@ -111,13 +116,21 @@ class RunStream:
 
     async def _drain(self, events: list[Event], after_seq: int) -> AsyncIterator[Event]:
         index = _first_after(events, after_seq)
-        while True:
-            while index < len(events):
-                yield events[index]
-                index += 1
-            if self.status is not None:
-                return
-            await self._next_change()
+        self._readers += 1
+        try:
+            while True:
+                while index < len(events):
+                    yield events[index]
+                    index += 1
+                if self.status is not None:
+                    return
+                if not self.resumable and self._readers == 1 and events is self.events:
+                    # Nobody can ask for them again: a live stream's memory stays flat however long it runs.
+                    events.clear()
+                    index = 0
+                await self._next_change()
+        finally:
+            self._readers -= 1
 
 
 def _first_after(events: list[Event], seq: int) -> int:

@@ -83,7 +83,9 @@ class StreamingBody:
         self.interval = heartbeat
         self.patience = patience
         self.on_disconnect = on_disconnect
-        self._last_sent = 0.0  # loop time of the last chunk or heartbeat
+        self._since = 0.0  # loop time the last chunk or heartbeat was sent (or began to be)
+        self._sending = False  # a chunk is being sent (the client may not be reading)
+        self._stalled = False  # the client left a chunk unread too long: the sender was stopped
         raw = {"content-type": media_type, "cache-control": "no-store", **(headers or {})}
         if media_type == "text/event-stream":
             raw["x-accel-buffering"] = "no"  # nginx would otherwise hold events back
@@ -120,36 +122,32 @@ class StreamingBody:
     async def _send_all(self, send: Send) -> None:
         chunks = self.chunks
         loop = asyncio.get_running_loop()
-        self._last_sent = loop.time()
-        # One task beats for the whole response: a timer per chunk would cost more than the chunk.
-        beating = asyncio.ensure_future(self._beat(send))
+        self._since = loop.time()
+        # One watchdog for the whole response (heartbeats, a reader too slow): a timer per chunk would
+        # cost more than the chunk.
+        sender = asyncio.current_task()
+        watchdog = asyncio.ensure_future(self._watch(send, sender))
         last = b""
         try:
             async for chunk in chunks:
-                if not await self._sent(send, chunk):
+                self._since = loop.time()
+                self._sending = True
+                try:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except asyncio.CancelledError:
+                    if not self._stalled or sender is None:
+                        raise
+                    sender.uncancel()  # the watchdog's cancel, handled here
                     last = self._too_slow()
                     break
-                self._last_sent = loop.time()
+                self._sending = False
         finally:
-            await _cancel(beating)  # before the last message: nothing may follow it
+            await _cancel(watchdog)  # before the last message: nothing may follow it
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
         await send({"type": "http.response.body", "body": last, "more_body": False})
-
-    async def _sent(self, send: Send, chunk: bytes) -> bool:
-        """Send ``chunk``; ``False`` when the client left it unread longer than ``patience``."""
-        message = {"type": "http.response.body", "body": chunk, "more_body": True}
-        if self.patience is None:
-            await send(message)
-            return True
-        try:
-            async with asyncio.timeout(self.patience):  # only the wait for the client is cut short
-                await send(message)
-        except TimeoutError:
-            return False
-        return True
 
     def _too_slow(self) -> bytes:
         logger.warning("a stream's reader left its writes unread for %s s: stream ended", self.patience)
@@ -158,14 +156,29 @@ class StreamingBody:
             "not read was let go; join the run's stream again (with Last-Event-ID, for a resumable run) "
             "to go on")}), with_id=False)
 
-    async def _beat(self, send: Send) -> None:
-        """Send a heartbeat whenever ``interval`` seconds pass without a chunk."""
+    async def _watch(self, send: Send, sender: asyncio.Task[Any] | None) -> None:
+        """Send a heartbeat whenever ``interval`` seconds pass without a chunk; stop ``sender`` when the
+        client leaves a chunk unread for ``patience`` seconds."""
         loop = asyncio.get_running_loop()
+        patience = self.patience
+        check = self.interval if patience is None else min(self.interval, patience)
         while True:
-            await asyncio.sleep(self._last_sent + self.interval - loop.time())
-            if loop.time() - self._last_sent >= self.interval:
+            now = loop.time()
+            if self._sending:
+                if patience is None or sender is None:
+                    await asyncio.sleep(self.interval)
+                elif now - self._since >= patience:
+                    self._stalled = True
+                    sender.cancel()
+                    return
+                else:
+                    await asyncio.sleep(self._since + patience - now)
+            elif now - self._since >= self.interval:
                 await send({"type": "http.response.body", "body": self.heartbeat, "more_body": True})
-                self._last_sent = loop.time()
+                self._since = loop.time()
+            else:
+                # the next heartbeat, or soon enough to catch a chunk that starts being sent meanwhile
+                await asyncio.sleep(min(self._since + self.interval - now, check))
 
 
 async def _cancel(*tasks: asyncio.Future[Any]) -> None:
