@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -150,6 +152,72 @@ async def test_a_failing_model_call_is_an_error_span_and_so_is_the_run(spans):
         assert "the provider is down" in span.status.description
     assert [e.name for e in chat.events] == ["exception"]
     assert chat.parent.span_id == run.context.span_id
+
+
+async def test_what_a_tool_does_with_opentelemetry_lands_on_and_under_its_span(spans):
+    provider = spans_provider(spans)
+    configure_tracing(provider)
+
+    @tool
+    async def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: The key.
+        """
+        trace.get_current_span().set_attribute("app.cache_hit", False)  # the tool annotates its own span
+        with provider.get_tracer("app").start_as_current_span("GET /items"):  # as an instrumented HTTP client would
+            await asyncio.sleep(0.01)
+        return key.upper()
+
+    agent = create_agent(ScriptedModel([{"tool_calls": [{"name": "lookup", "args": {"key": "a"}, "id": "c1"}]}, "A"],
+                                       latency=0.05), [lookup], name="finder")
+    await agent.ainvoke("find a")
+    finished = spans.get_finished_spans()
+    by_name = {s.name: s for s in finished}
+    run, call_span, fetch = by_name["invoke_agent finder"], by_name["execute_tool lookup"], by_name["GET /items"]
+    assert fetch.parent.span_id == call_span.context.span_id and fetch.context.trace_id == run.context.trace_id
+    assert call_span.parent.span_id == run.context.span_id
+    assert call_span.attributes["app.cache_hit"] is False
+    assert call_span.attributes["gen_ai.tool.name"] == "lookup"  # and what backchannel sets, beside it
+    # Each span lasts as long as its work did, within its run's.
+    chats = sorted((s for s in finished if s.name == "chat scripted"), key=lambda s: s.start_time)
+    assert [s.end_time - s.start_time >= 50_000_000 for s in chats] == [True, True]
+    assert chats[0].end_time <= call_span.start_time <= fetch.start_time
+    assert fetch.end_time <= call_span.end_time <= chats[1].start_time
+    assert fetch.end_time - fetch.start_time >= 10_000_000
+    assert run.start_time <= chats[0].start_time and chats[1].end_time <= run.end_time
+
+
+async def test_a_long_runs_spans_reach_the_exporter_as_its_calls_end(spans):
+    release = asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Wait to be released."""
+        await release.wait()
+        return "done"
+
+    @tool
+    async def quick() -> str:
+        """Answer at once."""
+        return "ok"
+
+    agent = create_agent(ScriptedModel([{"tool_calls": [{"name": "quick", "args": {}, "id": "c1"}]},
+                                        {"tool_calls": [{"name": "slow", "args": {}, "id": "c2"}]}, "end"]),
+                         [quick, slow], name="long")
+    running = asyncio.create_task(agent.ainvoke("go"))
+    try:
+        # While the run waits in its second tool call, what ended before it is exported already.
+        ended = {"execute_tool quick", "chat scripted"}
+        await wait_until(lambda: ended <= {s.name for s in spans.get_finished_spans()}, timeout=10,
+                         what="the finished calls' spans")
+        assert not running.done()
+        assert "invoke_agent long" not in {s.name for s in spans.get_finished_spans()}
+    finally:
+        release.set()
+        await running
+    assert "execute_tool slow" in {s.name for s in spans.get_finished_spans()}
 
 
 async def test_message_contents_are_on_the_spans_only_when_asked_for(spans, monkeypatch):

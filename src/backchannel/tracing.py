@@ -125,9 +125,18 @@ class Trace:
             result = await work
         except BaseException as exc:
             self._end_run(span, _status_of(exc, ctx.deadline is not None), exc)
+            if not isinstance(exc, asyncio.CancelledError):  # a cancelled run stops at once
+                await self._exported(span)
             raise
         self._end_run(span, result.status, None)
+        await self._exported(span)
         return result
+
+    async def _exported(self, span: RunSpan) -> None:
+        """A run's spans are with OpenTelemetry's processors by the time it returns (those of its subagents with
+        its own)."""
+        if self._otel is not None and span.parent is None:
+            await self._otel.made()
 
     def _end_run(self, span: RunSpan, status: str, error: BaseException | None) -> None:
         span.status, span.error, span.end = status, error, time.time()
@@ -449,36 +458,45 @@ _SETTING_ATTRIBUTES = {"temperature": "gen_ai.request.temperature", "max_tokens"
 
 
 class _Otel:
-    """OpenTelemetry's side: spans started as the current one (so what runs inside nests under them)."""
+    """OpenTelemetry's side: a span per run or call, current while it goes on (so what runs inside nests under it)."""
 
     def __init__(self, tracer: Any, capture: bool) -> None:
         from opentelemetry import context, trace
 
+        from backchannel._otel_span import DeferredSpan, spans_made
+
         self.tracer = tracer
+        self._deferred = DeferredSpan
+        self._made = spans_made
         self.capture = capture
         self._context = context
         self._trace = trace
         self._kinds = {_INTERNAL: trace.SpanKind.INTERNAL, _CLIENT: trace.SpanKind.CLIENT}
 
-    def start(self, name: str, kind: str, attributes: dict[str, Any], links: Sequence[Any] = ()) -> tuple[Any, Any]:
-        span = self.tracer.start_span(name, kind=self._kinds[kind], attributes=attributes, links=links)
-        return span, self._context.attach(self._trace.set_span_in_context(span))
+    def start(self, name: str, kind: str, attributes: dict[str, Any]) -> tuple[Any, Any]:
+        """A span for work starting now, current until :meth:`end` (made in one go then, unless something inside
+        needed it sooner: nested spans, a trace context passed on)."""
+        parent = self._context.get_current()
+        span = self._deferred(self.tracer, name, self._kinds[kind], attributes, parent)
+        return span, self._context.attach(self._trace.set_span_in_context(span, parent))
 
     def end(self, handle: tuple[Any, Any], status: str, error: BaseException | None,
-            attributes: Mapping[str, Any] | None = None, *, record: bool = True,
+            attributes: dict[str, Any] | None = None, *, record: bool = True,
             description: str | None = None) -> None:
         span, token = handle
         self._context.detach(token)
-        if attributes:
-            span.set_attributes(attributes)
+        attributes = attributes if attributes is not None else {}
+        failed = None
         if status in ("error", "timeout"):
-            span.set_attribute("error.type", type(error).__name__ if error is not None else "_OTHER")
-            if error is not None and record:
-                span.record_exception(error)
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, description or _error_text(error)))
+            attributes["error.type"] = type(error).__name__ if error is not None else "_OTHER"
+            failed = self._trace.Status(self._trace.StatusCode.ERROR, description or _error_text(error))
         elif status != "success":
-            span.set_attribute("backchannel.status", status)
-        span.end()
+            attributes["backchannel.status"] = status
+        span.finish(attributes, failed, error if failed is not None and record else None)
+
+    async def made(self) -> None:
+        """Once the spans of the work that ended so far reached the tracer provider's processors."""
+        await self._made()
 
     def start_chat(self, request: ModelRequest) -> tuple[Any, Any]:
         model = request.model
