@@ -297,6 +297,44 @@ def test_the_otel_environment_variables_set_opentelemetry_up():
     assert run_python(RUN_AN_AGENT, OTEL_TRACES_EXPORTER="console", OTEL_SDK_DISABLED="true").stdout.count("{") == 0
 
 
+CRASH_MID_RUN = """
+import asyncio
+from backchannel import ScriptedModel, create_agent, tool
+
+@tool
+async def quick() -> str:
+    \"\"\"Answer at once.\"\"\"
+    return "ok"
+
+@tool
+async def hang() -> str:
+    \"\"\"Never answer.\"\"\"
+    await asyncio.sleep(3600)
+
+async def main():
+    agent = create_agent(ScriptedModel([{"tool_calls": [{"name": "quick", "args": {}, "id": "c1"}]},
+                                        {"tool_calls": [{"name": "hang", "args": {}, "id": "c2"}]}, "end"]),
+                         [quick, hang], name="doomed")
+    asyncio.create_task(agent.ainvoke("go"))
+    await asyncio.sleep(0.5)
+    raise RuntimeError("the program fails while the run goes on")
+
+asyncio.run(main())
+"""
+
+
+def test_a_program_that_fails_mid_run_still_exports_the_spans_of_what_ended():
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", CRASH_MID_RUN], env={**clean, "OTEL_TRACES_EXPORTER": "console"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "the program fails" in done.stderr
+    exported = [json.loads(block) for block in re.findall(r"^\{.*?^\}", done.stdout, re.S | re.M)]
+    by_name = {s["name"]: s for s in exported}
+    assert sorted(by_name) == ["chat scripted", "execute_tool hang", "execute_tool quick", "invoke_agent doomed"]
+    assert by_name["execute_tool hang"]["attributes"]["backchannel.status"] == "cancelled"
+    assert by_name["invoke_agent doomed"]["attributes"]["backchannel.status"] == "cancelled"
+
+
 async def test_a_run_picked_up_by_another_runtime_continues_the_trace_it_was_queued_in(spans, tmp_path):
     provider = spans_provider(spans)
     configure_tracing(provider)

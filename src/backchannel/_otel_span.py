@@ -16,6 +16,7 @@ so a caller (or a process about to exit) finds them there as it did when spans w
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import logging
 import os
@@ -34,6 +35,7 @@ __all__ = ["DeferredSpan", "spans_made"]
 logger = logging.getLogger("backchannel")
 
 _HANDOVER_WAIT = 10.0  # seconds a run's end waits for its spans to be made (a processor that blocks, at worst)
+_EXIT_WAIT = 2.0  # seconds an exiting process waits for the spans still to be made
 _making = threading.RLock()  # a span is made once: by the thread that needs it first (re-entered: its parent's)
 
 
@@ -157,6 +159,14 @@ class _SpanMaker:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="backchannel-spans", daemon=True)
                 self._thread.start()
+                # Registered after the tracer provider's own exit handler, so it runs before that one flushes.
+                atexit.register(self._drain)
+
+    def _drain(self) -> None:
+        """Make what was handed over, before the process exits (a run cancelled does not wait for its spans)."""
+        reached = threading.Event()
+        self._queue.put(reached.set)
+        reached.wait(_EXIT_WAIT)
 
     def _work(self) -> None:
         spans = self._queue
