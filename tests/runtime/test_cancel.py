@@ -183,3 +183,14 @@ async def test_cancel_rejects_an_unknown_action(make_runtime):
 
 async def _true(value):
     return value
+
+
+async def test_a_run_cancelled_as_soon_as_it_reads_running_ends_interrupted(make_runtime):
+    # Claimed, its task made but not yet started: a cancel then used to stop the task before the executor
+    # could record the end, and the run stayed 'running' for good.
+    rt = await make_runtime({"agent": echo_agent(latency=5.0)})
+    thread = (await rt.threads.create())["thread_id"]
+    run = await rt.runs.create(thread, "agent", input=user("hi"))
+    await eventually(lambda: run_status_is(rt, thread, run["run_id"], "running"), interval=0)
+    await rt.runs.cancel(thread, run["run_id"])
+    await eventually(lambda: run_status_is(rt, thread, run["run_id"], "interrupted"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -81,6 +82,7 @@ class Scheduler:
         """A run queued here was cancelled before it started."""
         self._unstarted.discard(run_id)
         self._contexts.pop(run_id, None)
+        self._cancel_actions.pop(run_id, None)
 
     # -- what they ask it
 
@@ -101,7 +103,9 @@ class Scheduler:
         task = self._tasks.get(run_id)
         if task is not None:
             self._cancel_actions[run_id] = action
-            task.cancel()
+            _cancel(task)
+        elif run_id in self._unstarted:  # its claim may be under way: it is cancelled as it starts
+            self._cancel_actions[run_id] = action
         return task
 
     def cancel_action(self, run_id: str) -> CancelAction | None:
@@ -177,3 +181,15 @@ class Scheduler:
         task = asyncio.create_task(self._execute(row, stream), context=context)
         self._tasks[row.run_id] = task
         self.peers.run_started(row, stream)
+        if row.run_id in self._cancel_actions:  # cancelled while it was being claimed
+            _cancel(task)
+
+
+def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel a run's task so that its executor records how it ends."""
+    if inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED:  # type: ignore[arg-type]
+        # Not started: cancelled now, it would never enter the executor and the run would stay 'running'.
+        # Its first step is scheduled already, so it runs before this.
+        asyncio.get_running_loop().call_soon(task.cancel)
+    else:
+        task.cancel()
