@@ -134,6 +134,22 @@ await check("runs.delete", async () => {
   await client.runs.delete(tid, run.run_id);
   await assert.rejects(client.runs.get(tid, run.run_id), /404|not found/i);
 });
+await check("runs.createBatch", async () => {
+  const runs = await client.runs.createBatch([
+    { assistantId: "echo", input: user("one"), on_completion: "keep" },
+    { assistantId: "echo", input: user("two"), on_completion: "keep" },
+  ]);
+  assert.equal(runs.length, 2);
+  assert.notEqual(runs[0].thread_id, runs[1].thread_id);
+  assert.equal(last(await client.runs.join(runs[1].thread_id, runs[1].run_id)), "echo: two");
+});
+await check("runs.cancelMany", async () => {
+  const run = await client.runs.create(tid, "glacial", { input: user("many") });
+  await untilStatus(tid, run.run_id, "running");
+  await client.runs.cancelMany({ threadId: tid, runIds: [run.run_id], action: "interrupt" });
+  await untilStatus(tid, run.run_id, "interrupted");
+  await assert.rejects(client.runs.cancelMany({ threadId: tid, runIds: [crypto.randomUUID()] }), /404|no runs/i);
+});
 
 // -- interrupts, commands and state ---------------------------------------------------------------
 const mail = (await client.threads.create()).thread_id;
@@ -203,6 +219,41 @@ await check("threads.joinStream (every run of the thread)", async () => {
   assert.equal(seen[0].data.run_id, run.run_id);
   assert.ok(seen.some((p) => p.event === "values"));
   assert.deepEqual(seen.at(-1).data, { status: "run_done", run_id: run.run_id });
+});
+
+// -- crons ------------------------------------------------------------------------------------------
+let jsCron;
+await check("crons.createForThread", async () => {
+  const cronThread = (await client.threads.create()).thread_id;
+  jsCron = await client.crons.createForThread(cronThread, "echo", {
+    schedule: "* * * * * *", input: user("tick"), metadata: { js: "cron" } });
+  assert.equal(jsCron.thread_id, cronThread);
+  assert.equal(jsCron.schedule, "* * * * * *");
+  for (let i = 0; i < 120 && (await client.runs.list(cronThread)).length === 0; i += 1) await sleep(25);
+  const [run] = await client.runs.list(cronThread);
+  assert.equal(run.metadata.cron_id, jsCron.cron_id);
+});
+await check("crons.create", async () => {
+  const cron = await client.crons.create("echo", {
+    schedule: "0 9 * * 1", timezone: "Europe/Paris", onRunCompleted: "keep", enabled: false, metadata: { js: "cron" } });
+  assert.equal(cron.thread_id, null);
+  assert.equal(cron.on_run_completed, "keep");
+  assert.equal(cron.enabled, false);
+});
+await check("crons.search", async () => {
+  const found = await client.crons.search({ metadata: { js: "cron" }, sortBy: "created_at", sortOrder: "asc" });
+  assert.deepEqual(found.map((c) => c.cron_id)[0], jsCron.cron_id);
+  assert.equal(found.length, 2);
+});
+await check("crons.count", async () => assert.equal(await client.crons.count({ metadata: { js: "cron" } }), 2));
+await check("crons.update", async () => {
+  const updated = await client.crons.update(jsCron.cron_id, { schedule: "0 10 * * *", enabled: false });
+  assert.equal(updated.schedule, "0 10 * * *");
+  assert.equal(updated.enabled, false);
+});
+await check("crons.delete", async () => {
+  for (const cron of await client.crons.search({ metadata: { js: "cron" } })) await client.crons.delete(cron.cron_id);
+  assert.equal(await client.crons.count({ metadata: { js: "cron" } }), 0);
 });
 
 // -- store ------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 
 import pytest
-from runtime_helpers import contents, echo_agent, eventually, looping_agent, tool_loop, user
+from runtime_helpers import contents, echo_agent, eventually, looping_agent, run_status_is, tool_loop, user
 
 from backchannel import (
     InvalidRequestError,
@@ -417,3 +417,23 @@ async def test_wait_returns_the_run_s_own_end_state_with_runs_queued_behind_it(m
     assert len(contents(first)) == 2 and contents(first)[1] == f"echo: {contents(first)[0]}"
     assert contents(second)[:2] == contents(first) and len(contents(second)) == 4
     assert sorted(contents(second)[::2]) == ["a", "b"]
+
+
+async def test_create_batch_and_cancel_many_for_embedded_callers(make_runtime):
+    rt = await make_runtime({"agent": echo_agent(), "slow": echo_agent(latency=5.0)})
+    done, slow = await rt.runs.create_batch([{"assistant_id": "agent", "input": user("a"), "on_completion": "keep"},
+                                             {"assistant_id": "slow", "input": user("b"), "on_completion": "keep"}])
+    assert contents(await rt.runs.join(done["thread_id"], done["run_id"]))[-1] == "echo: a"
+    with pytest.raises(InvalidRequestError, match=r"payloads\[0\]: a batch makes stateless runs"):
+        await rt.runs.create_batch([{"assistant_id": "agent", "thread_id": slow["thread_id"]}])
+    with pytest.raises(TypeError, match=r"payloads\[0\]"):
+        await rt.runs.create_batch([{"assistant_id": "agent", "inptu": user("typo")}])
+    await eventually(lambda: run_status_is(rt, slow["thread_id"], slow["run_id"], "running"))
+    await rt.runs.cancel_many(status="all")
+    await eventually(lambda: run_status_is(rt, slow["thread_id"], slow["run_id"], "interrupted"))
+    with pytest.raises(NotFoundError):
+        await rt.runs.cancel_many(status="all")
+    with pytest.raises(InvalidRequestError, match="status"):
+        await rt.runs.cancel_many(status="finished")
+    with pytest.raises(InvalidRequestError):
+        await rt.runs.cancel_many(thread_id=slow["thread_id"])  # which of its runs?

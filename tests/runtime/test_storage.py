@@ -1,5 +1,6 @@
 """The storage contract, on every backend: the same operations give the same answers."""
 
+import asyncio
 import uuid
 
 import pytest
@@ -8,7 +9,7 @@ from backchannel._clock import now_iso
 from backchannel.errors import LostRunError
 from backchannel.messages import HumanMessage
 from backchannel.runtime.backends import open_storage
-from backchannel.runtime.rows import CheckpointRow, RunClaim, RunEnd, RunRow, ThreadRow
+from backchannel.runtime.rows import CheckpointRow, CronRow, RunClaim, RunEnd, RunRow, ThreadRow
 
 
 @pytest.fixture
@@ -385,3 +386,78 @@ async def test_a_heartbeat_says_whether_the_worker_was_still_registered(storage)
     await storage.forget_worker("w")  # others took it for dead
     assert not await storage.heartbeat("w", {"pid": 1}, now_iso())
     assert set(await storage.workers()) == {"w"}
+
+
+async def test_runs_with_status_finds_every_threads_runs_oldest_first(storage):
+    now = now_iso()
+    for t in ("t1", "t2"):
+        await storage.create_thread(ThreadRow(t, now, now))
+    first, second, third = _run("t1"), _run("t2"), _run("t2")
+    for row in (first, second, third):
+        await storage.create_run(row)
+    (running,) = await storage.claim_runs("w1", 1, now_iso())
+    assert running.run_id == first.run_id
+    assert [r.run_id for r in await storage.runs_with_status(("pending",))] == [second.run_id, third.run_id]
+    assert [r.run_id for r in await storage.runs_with_status(("running",))] == [first.run_id]
+    assert [r.run_id for r in await storage.runs_with_status(("pending", "running"))] == [
+        first.run_id, second.run_id, third.run_id]
+    assert await storage.runs_with_status(("success",)) == []
+
+
+def _cron(cron_id, tick, *, thread_id=None, enabled=True, end_time=None, metadata=None):
+    now = now_iso()
+    return CronRow(cron_id, "a", thread_id, "* * * * * *", None, end_time, {"input": {"x": 1}}, metadata or {}, None,
+                   enabled, tick, now, now)
+
+
+async def test_a_cron_tick_is_claimed_once(storage):
+    await storage.create_cron(_cron("c1", "2026-01-01T00:00:01.000000+00:00"))
+    claims = [storage.claim_cron_tick("c1", "2026-01-01T00:00:01.000000+00:00", "2026-01-01T00:00:02.000000+00:00")
+              for _ in range(3)]
+    assert sorted(await asyncio.gather(*claims)) == [False, False, True]
+    assert (await storage.get_cron("c1")).next_run_date == "2026-01-01T00:00:02.000000+00:00"
+    assert not await storage.claim_cron_tick("gone", "2026-01-01T00:00:01.000000+00:00", "x")
+
+
+async def test_due_crons_are_enabled_before_their_end_and_soonest_first(storage):
+    await storage.create_cron(_cron("later", "2026-01-01T00:00:05.000000+00:00"))
+    await storage.create_cron(_cron("sooner", "2026-01-01T00:00:02.000000+00:00"))
+    await storage.create_cron(_cron("off", "2026-01-01T00:00:01.000000+00:00", enabled=False))
+    await storage.create_cron(_cron("ended", "2026-01-01T00:00:03.000000+00:00",
+                                    end_time="2026-01-01T00:00:02.500000+00:00"))
+    await storage.create_cron(_cron("future", "2027-01-01T00:00:00.000000+00:00"))
+    due = await storage.due_crons("2026-01-01T00:00:05.000000+00:00", 10)
+    assert [c.cron_id for c in due] == ["sooner", "later"]
+    assert [c.cron_id for c in await storage.due_crons("2026-01-01T00:00:05.000000+00:00", 1)] == ["sooner"]
+
+
+async def test_a_cron_changed_keeps_its_next_tick_unless_rescheduled(storage):
+    await storage.create_cron(_cron("c1", "2026-01-01T00:00:01.000000+00:00", metadata={"k": 1}))
+    assert await storage.claim_cron_tick("c1", "2026-01-01T00:00:01.000000+00:00", "2026-01-01T00:00:02.000000+00:00")
+    stale = _cron("c1", "2026-01-01T00:00:01.000000+00:00", metadata={"k": 2})  # read before the tick fired
+    assert await storage.update_cron(stale, reschedule=False)
+    found = await storage.get_cron("c1")
+    assert found.metadata == {"k": 2} and found.next_run_date == "2026-01-01T00:00:02.000000+00:00"
+    assert await storage.update_cron(_cron("c1", "2026-01-01T00:00:09.000000+00:00"), reschedule=True)
+    assert (await storage.get_cron("c1")).next_run_date == "2026-01-01T00:00:09.000000+00:00"
+    assert not await storage.update_cron(_cron("gone", "x"), reschedule=True)
+
+
+async def test_crons_are_searched_counted_and_deleted_with_their_thread(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t1", now, now))
+    await storage.create_cron(_cron("c1", "2026-01-01T00:00:01.000000+00:00", thread_id="t1", metadata={"k": 1}))
+    await storage.create_cron(_cron("c2", "2026-01-01T00:00:02.000000+00:00", enabled=False, metadata={"k": 2}))
+    assert [c.cron_id for c in await storage.search_crons(sort_by="next_run_date", sort_order="asc")] == ["c1", "c2"]
+    assert [c.cron_id for c in await storage.search_crons(thread_id="t1")] == ["c1"]
+    assert [c.cron_id for c in await storage.search_crons(enabled=False)] == ["c2"]
+    assert [c.cron_id for c in await storage.search_crons(metadata={"k": 2})] == ["c2"]
+    assert [c.cron_id for c in await storage.search_crons(limit=1, offset=1, sort_by="cron_id", sort_order="asc")] \
+        == ["c2"]
+    assert await storage.count_crons(assistant_id="a") == 2 and await storage.count_crons(metadata={"k": 1}) == 1
+    with pytest.raises(ValueError):
+        await storage.search_crons(sort_by="payload; DROP TABLE crons")
+    await storage.delete_thread("t1")
+    assert await storage.get_cron("c1") is None
+    assert await storage.delete_cron("c2") and not await storage.delete_cron("c2")
+    assert await storage.count_crons() == 0

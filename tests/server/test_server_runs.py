@@ -297,3 +297,65 @@ async def test_a_supervisors_stream_says_once_when_every_background_task_has_rep
     statuses = tasks[drained[0]]["tasks"]
     assert len(statuses) == 3 and set(statuses.values()) == {"success"}
     assert {t["task_id"] for t in tasks[:drained[0]] if t.get("status") == "success"} == set(statuses)
+
+
+async def test_a_batch_queues_stateless_runs_and_returns_them_in_order(client):
+    runs = await client.runs.create_batch([
+        {"assistant_id": "echo", "input": user("first"), "on_completion": "keep"},
+        {"assistant_id": "calc", "input": user("2 + 3?"), "on_completion": "keep", "metadata": {"batch": "yes"}},
+        {"assistant_id": "echo", "input": user("gone"), "thread_id": None},  # the SDK's RunCreate has one
+    ])
+    assert [r["status"] for r in runs] == ["pending"] * 3
+    assert len({r["thread_id"] for r in runs}) == 3  # each on a thread of its own
+    assert runs[1]["metadata"]["batch"] == "yes"
+    first = await client.runs.join(runs[0]["thread_id"], runs[0]["run_id"])
+    second = await client.runs.join(runs[1]["thread_id"], runs[1]["run_id"])
+    assert first["messages"][-1]["content"] == "echo: first"
+    assert second["messages"][-1]["content"] == "the answer is 5"
+
+
+@pytest.mark.parametrize(("bad", "status", "says"), [
+    ({"assistant_id": "nobody"}, 404, "payloads[1]"),
+    ({"assistant_id": "echo", "multitask_strategy": "sideways"}, 422, "1.multitask_strategy"),
+    ({"assistant_id": "echo", "after_seconds": -1}, 422, "1.after_seconds"),
+])
+async def test_a_batch_with_a_bad_run_queues_none(client, bad, status, says):
+    before = await client.threads.count()
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        await client.runs.create_batch([{"assistant_id": "echo", "input": user("fine"), "on_completion": "keep"},
+                                        bad])
+    assert refused.value.response.status_code == status
+    assert says in refused.value.response.json()["detail"]
+    assert await client.threads.count() == before
+    with pytest.raises(httpx.HTTPStatusError) as empty:
+        await client.runs.create_batch([])
+    assert empty.value.response.status_code == 422
+
+
+async def test_cancel_many_cancels_a_threads_runs_by_id(client):
+    thread = (await client.threads.create())["thread_id"]
+    running = await client.runs.create(thread, "glacial", input=user("one"))
+    queued = await client.runs.create(thread, "echo", input=user("two"), multitask_strategy="enqueue")
+    await until_status(client, thread, running["run_id"], "running")
+    await client.runs.cancel_many(thread_id=thread, run_ids=[running["run_id"], queued["run_id"]])
+    await until_status(client, thread, running["run_id"], "interrupted")
+    assert (await client.runs.get(thread, queued["run_id"]))["status"] == "interrupted"
+    assert (await client.threads.get(thread))["status"] == "idle"
+    with pytest.raises(NotFoundError):  # no run of that thread has this id
+        await client.runs.cancel_many(thread_id=thread, run_ids=["00000000-0000-0000-0000-000000000000"])
+
+
+async def test_cancel_many_by_status_cancels_only_runs_of_that_status(client):
+    thread = (await client.threads.create())["thread_id"]
+    running = await client.runs.create(thread, "glacial", input=user("one"))
+    await until_status(client, thread, running["run_id"], "running")
+    queued = await client.runs.create(thread, "echo", input=user("two"), multitask_strategy="enqueue")
+    await client.runs.cancel_many(status="pending", action="rollback")
+    with pytest.raises(NotFoundError):  # rolled back: gone
+        await client.runs.get(thread, queued["run_id"])
+    assert (await client.runs.get(thread, running["run_id"]))["status"] == "running"
+    await client.runs.cancel_many(status="running")
+    await until_status(client, thread, running["run_id"], "interrupted")
+    with pytest.raises(httpx.HTTPStatusError) as both:
+        await client.runs.cancel_many(thread_id=thread, run_ids=[running["run_id"]], status="all")
+    assert both.value.response.status_code == 422

@@ -7,23 +7,28 @@ columns in the same order: rows become parameters and come back here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from backchannel.messages import AnyMessage, RemoveMessage, message_from_dict
-from backchannel.runtime.rows import CheckpointRow, ItemRow, RunRow, ThreadRow, ThreadStatus
+from backchannel.runtime.rows import CheckpointRow, CronRow, ItemRow, RunRow, ThreadRow, ThreadStatus
 from backchannel.serde import dumps, json_text
 
-__all__ = ["SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "LazyDelta", "checkpoint_chain", "checkpoint_row",
-           "checkpoint_values", "dump", "inbox_message", "item_row", "matching_namespaces", "run_row", "run_values",
-           "thread_changes", "thread_row", "thread_values"]
+__all__ = ["CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "LazyDelta", "checkpoint_chain",
+           "checkpoint_row", "checkpoint_values", "cron_filter", "cron_row", "cron_update", "cron_values", "dump",
+           "inbox_message", "item_row", "matching_namespaces", "run_row", "run_values", "thread_changes",
+           "thread_row", "thread_values"]
 
 SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
-THREAD_TABLES = ("runs", "run_spans", "checkpoints", "pending_writes", "inbox")  # what else a thread owns
+THREAD_TABLES = ("runs", "run_spans", "checkpoints", "pending_writes", "inbox", "crons")  # what else a thread owns
 # What SQL sorts threads by for each sortable name: a column, or when the state last changed (the
 # newest checkpoint's time; the thread's own for a thread without one).
 THREAD_SORT_SQL = {"state_updated_at": "coalesce((SELECT c.created_at FROM checkpoints c WHERE c.thread_id = "
                                        "threads.thread_id ORDER BY c.seq DESC LIMIT 1), threads.updated_at)"}
+
+
+CRON_COLUMNS = ("cron_id, assistant_id, thread_id, schedule, timezone, end_time, payload, metadata, on_run_completed, "
+                "enabled, next_run_date, created_at, updated_at")
 
 
 _FALLBACK = json.JSONEncoder(separators=(",", ":"), default=str)  # one for all calls: json.dumps makes one each
@@ -141,3 +146,35 @@ def matching_namespaces(joined: Iterable[str], prefix: tuple[str, ...], suffix: 
             continue
         found.add(ns[:max_depth] if max_depth is not None else ns)
     return sorted(found)[offset: offset + limit]
+
+
+def cron_values(row: CronRow) -> tuple[Any, ...]:
+    return (row.cron_id, row.assistant_id, row.thread_id, row.schedule, row.timezone, row.end_time, dump(row.payload),
+            dump(row.metadata), row.on_run_completed, row.enabled, row.next_run_date, row.created_at, row.updated_at)
+
+
+def cron_row(found: Sequence[Any]) -> CronRow:
+    (cron_id, assistant_id, thread_id, schedule, timezone, end_time, payload, metadata, on_run_completed, enabled,
+     next_run_date, created_at, updated_at) = found
+    return CronRow(cron_id, assistant_id, thread_id, schedule, timezone, end_time, _json(payload), _json(metadata),
+                   on_run_completed, bool(enabled), next_run_date, created_at, updated_at)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value  # Postgres hands JSONB back decoded
+
+
+def cron_update(row: CronRow, *, reschedule: bool, param: str) -> tuple[str, tuple[Any, ...]]:
+    """The statement storing a changed cron (see ``CronStorage.update_cron``), ``param`` its placeholder."""
+    values = dict(zip(CRON_COLUMNS.split(", "), cron_values(row)))
+    columns = [c for c in values if c not in ("cron_id", "created_at") and (reschedule or c != "next_run_date")]
+    sql = f"UPDATE crons SET {', '.join(f'{c} = {param}' for c in columns)} WHERE cron_id = {param}"
+    return sql, (*(values[c] for c in columns), row.cron_id)
+
+
+def cron_filter(assistant_id: str | None, thread_id: str | None, enabled: bool | None, *,
+                param: str) -> tuple[list[str], list[Any]]:
+    """The clauses (``param`` their placeholder) and parameters picking crons by assistant, thread and state."""
+    given = (("assistant_id", assistant_id), ("thread_id", thread_id), ("enabled", enabled))
+    return [f"{column} = {param}" for column, value in given if value is not None], [v for _, v in given
+                                                                                     if v is not None]

@@ -7,7 +7,7 @@ from typing import Any
 
 from backchannel.errors import InvalidRequestError
 
-__all__ = ["ASSISTANT_FIELDS", "RUN_FIELDS", "STATE_FIELDS", "THREAD_FIELDS", "selected"]
+__all__ = ["ASSISTANT_FIELDS", "CRON_FIELDS", "RUN_FIELDS", "STATE_FIELDS", "THREAD_FIELDS", "selected"]
 
 ASSISTANT_FIELDS = ("assistant_id", "graph_id", "name", "description", "config", "context", "created_at",
                     "updated_at", "metadata", "version")
@@ -15,6 +15,8 @@ THREAD_FIELDS = ("thread_id", "created_at", "updated_at", "state_updated_at", "m
                  "status", "values", "interrupts", "error")
 RUN_FIELDS = ("run_id", "thread_id", "assistant_id", "created_at", "updated_at", "status", "metadata", "kwargs",
               "multitask_strategy", "cancel_reason")
+CRON_FIELDS = ("cron_id", "assistant_id", "thread_id", "on_run_completed", "end_time", "schedule", "timezone",
+               "created_at", "updated_at", "user_id", "payload", "next_run_date", "metadata", "enabled")
 STATE_FIELDS = ("values", "next", "tasks", "checkpoint", "metadata", "created_at", "parent_checkpoint",
                 "interrupts", "checkpoint_id", "parent_checkpoint_id")  # and values.<key>
 

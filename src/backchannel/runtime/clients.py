@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar, Unpack, get_args
+from datetime import UTC, datetime, tzinfo
+from typing import Any, TypedDict, TypeVar, Unpack, get_args
 
 from backchannel._clock import now_iso
 from backchannel._ids import assistant_id_for
@@ -32,15 +33,26 @@ from backchannel.protocols import (
     WaitOptions,
     unexpected_keywords,
 )
-from backchannel.runtime._select import ASSISTANT_FIELDS, RUN_FIELDS, STATE_FIELDS, THREAD_FIELDS, selected
+from backchannel.runtime._select import ASSISTANT_FIELDS, CRON_FIELDS, RUN_FIELDS, STATE_FIELDS, THREAD_FIELDS, selected
 from backchannel.runtime.checkpoints import Checkpointer
+from backchannel.runtime.crons import check_schedule, check_timezone, next_tick, tick_text, utc_text
 from backchannel.runtime.follow import THREAD_STREAM_MODES, Follower, ThreadStreamMode
 from backchannel.runtime.inbox import notification_in
 from backchannel.runtime.mail import Mail
 from backchannel.runtime.modes import wants_values
 from backchannel.runtime.queue import NewRun, RunQueue
 from backchannel.runtime.registry import Registry
-from backchannel.runtime.rows import CheckpointRow, RunRow, RunStatus, ThreadRow, ThreadStatus
+from backchannel.runtime.rows import (
+    ACTIVE,
+    CRON_SORT,
+    CancelAction,
+    CheckpointRow,
+    CronRow,
+    RunRow,
+    RunStatus,
+    ThreadRow,
+    ThreadStatus,
+)
 from backchannel.runtime.run_options import (
     breakpoint_nodes,
     check_input,
@@ -59,13 +71,16 @@ from backchannel.runtime.wire import (
     checkpoint_id_of,
     checkpoint_metadata,
     input_update,
+    render_cron,
     render_item,
     render_run,
     render_state,
     render_thread,
 )
+from backchannel.serde import to_jsonable
 
-__all__ = ["AssistantsClient", "RunsClient", "StoreClient", "ThreadsClient"]
+__all__ = ["AssistantsClient", "CronOptions", "CronUpdate", "CronsClient", "RunsClient", "StoreClient",
+           "ThreadsClient"]
 
 Opener = Callable[[], Awaitable[None]]  # opens the runtime on first use
 _THREAD_STATUSES: tuple[ThreadStatus, ...] = get_args(ThreadStatus)
@@ -73,6 +88,8 @@ _RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 S = TypeVar("S", bound=str)
 _DURABILITY = (None, "sync", "async", "exit")  # when checkpoints are written; every step is, here
 _ASSISTANT_SORT = ("assistant_id", "graph_id", "name", "created_at", "updated_at")
+_CANCEL_ACTIONS: tuple[CancelAction, ...] = get_args(CancelAction)
+_BULK_CANCEL: dict[str, tuple[RunStatus, ...]] = {"pending": ("pending",), "running": ("running",), "all": ACTIVE}
 
 
 def _refuse(**options: Any) -> None:
@@ -363,13 +380,34 @@ class RunsClient:
         unexpected_keywords("create_once", options, RunOptions)
         return await self._create(thread_id, assistant_id, options, once=True)
 
+    async def create_batch(self, payloads: Sequence[Mapping[str, Any]], *, headers: Headers = None,
+                           params: Params = None) -> list[dict[str, Any]]:
+        """Queue stateless runs, one per payload (its ``assistant_id`` and :meth:`create`'s options), and
+        return them in order. Every payload is checked before any run is queued: a bad one queues none,
+        and the error names its index."""
+        if not payloads:
+            raise InvalidRequestError("a batch needs at least one run")
+        await self._open()
+        checked: list[tuple[str, NewRun]] = []
+        for index, payload in enumerate(payloads):
+            options = {key: value for key, value in payload.items() if value is not None}
+            try:
+                if "thread_id" in options:
+                    raise InvalidRequestError("a batch makes stateless runs: give no thread_id "
+                                              "(runs.create makes a thread's)")
+                assistant_id = options.pop("assistant_id", None)
+                if not isinstance(assistant_id, str) or not assistant_id:
+                    raise InvalidRequestError("assistant_id is required")
+                unexpected_keywords("create_batch", options, RunOptions)
+                checked.append(_checked_run(self._registry, assistant_id, options))
+            except (InvalidRequestError, NotFoundError, TypeError) as exc:
+                raise type(exc)(f"payloads[{index}]: {exc}") from None
+        return [render_run(await self._queue.create(None, graph_id, run)) for graph_id, run in checked]
+
     async def _create(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any], *,
                       watched: bool = False, once: bool = False) -> dict[str, Any]:
         await self._open()
-        graph_id = self._registry.graph_id_of(assistant_id)
-        run = _new_run(options, watched=watched, once=once, tools=self._registry.graphs[graph_id].tool_names())
-        if run.webhook is not None:
-            check_webhook_url(run.webhook)
+        graph_id, run = _checked_run(self._registry, assistant_id, options, watched=watched, once=once)
         notification = notification_in(run.input) if thread_id is not None and run.command is None else None
         if thread_id is not None and notification is not None:
             created = await self._deliver(thread_id, graph_id, notification)
@@ -400,13 +438,37 @@ class RunsClient:
 
     async def cancel(self, thread_id: str, run_id: str, *, wait: bool = False, action: str = "interrupt",
                      headers: Headers = None, params: Params = None) -> None:
-        if action not in ("interrupt", "rollback"):
-            raise InvalidRequestError(f"cancel action must be 'interrupt' or 'rollback', not {action!r}")
+        cancel_action = _cancel_action(action)
         row = await self._row(thread_id, run_id)
         if row.status not in ("pending", "running"):
             raise NotFoundError("No matching runs to cancel. Please verify the thread ID and run IDs are correct, "
                                 "and the runs haven't been deleted or completed.")
-        await self._queue.cancel(row, "interrupt" if action == "interrupt" else "rollback", wait=wait)
+        await self._queue.cancel(row, cancel_action, wait=wait)
+
+    async def cancel_many(self, *, thread_id: str | None = None, run_ids: Sequence[str] | None = None,
+                          status: str | None = None, action: str = "interrupt", headers: Headers = None,
+                          params: Params = None) -> None:
+        """Cancel runs: a thread's ``run_ids``, or every run of a ``status`` (``pending``, ``running`` or
+        ``all`` of both), as LangGraph's ``POST /runs/cancel``. :class:`NotFoundError` when none matches."""
+        cancel_action = _cancel_action(action)
+        await self._open()
+        if status is not None:
+            if thread_id is not None or run_ids is not None:
+                raise InvalidRequestError("give either a status, or a thread_id with run_ids, not both")
+            if status not in _BULK_CANCEL:
+                raise InvalidRequestError(f"status must be 'pending', 'running' or 'all', not {status!r:.80}")
+            rows = await self._storage.runs_with_status(_BULK_CANCEL[status])
+        elif thread_id is not None and run_ids is not None:
+            found = [await self._storage.get_run(run_id) for run_id in dict.fromkeys(run_ids)]
+            rows = [r for r in found if r is not None and r.thread_id == thread_id]
+        else:
+            raise InvalidRequestError("give a status, or a thread_id with run_ids")
+        if not rows:
+            raise NotFoundError("No runs found to cancel.")
+        # Pending runs first: cancelling a thread's running run first could start its next one in the gap.
+        for row in sorted(rows, key=lambda r: r.status != "pending"):
+            if row.status in ("pending", "running"):
+                await self._queue.cancel(row, cancel_action)
 
     async def delete(self, thread_id: str, run_id: str, *, headers: Headers = None, params: Params = None) -> None:
         row = await self._row(thread_id, run_id)
@@ -514,6 +576,189 @@ class RunsClient:
             await self._queue.cancel(row, "interrupt")
 
 
+class _CronFields(TypedDict, total=False):
+    """What crons.create, create_for_thread and update take alike: the runs' options, and when the cron runs."""
+
+    input: Any
+    metadata: Mapping[str, Any] | None
+    config: Mapping[str, Any] | None
+    context: Any
+    interrupt_before: str | Sequence[str] | None
+    interrupt_after: str | Sequence[str] | None
+    webhook: str | None
+    stream_mode: StreamModes | None
+    stream_subgraphs: bool | None
+    stream_resumable: bool | None
+    durability: str | None
+    end_time: datetime | str | None
+    enabled: bool | None
+    timezone: str | tzinfo | None
+    headers: Headers
+    params: Params
+
+
+class CronOptions(_CronFields, total=False):
+    """The keyword arguments of ``crons.create`` and ``crons.create_for_thread`` beside ``schedule``."""
+
+    checkpoint_during: bool | None
+    multitask_strategy: str | None
+
+
+class CronUpdate(_CronFields, total=False):
+    """The keyword arguments of ``crons.update``: what to change (``end_time=None`` clears it)."""
+
+    schedule: str | None
+    on_run_completed: str | None
+
+
+# What a cron passes on to each of its runs (runs.create's options).
+_CRON_RUN_OPTIONS = ("input", "metadata", "config", "context", "checkpoint_during", "interrupt_before",
+                     "interrupt_after", "webhook", "multitask_strategy", "stream_mode", "stream_subgraphs",
+                     "stream_resumable", "durability")
+
+
+class CronsClient:
+    """Crons: runs started on a schedule (a cron expression, in UTC unless a timezone is given), on a thread or
+    each on a thread of its own. Every runtime on the storage fires them, each tick once
+    (:mod:`backchannel.runtime.crons`). A run a cron starts has the cron's metadata, and ``cron_id`` and
+    ``cron_tick`` (the tick it was started for) in its metadata."""
+
+    def __init__(self, open: Opener, storage: Storage, registry: Registry, threads: ThreadsClient, runs: RunsClient,
+                 kick: Callable[[], None]) -> None:
+        self._open = open
+        self._storage = storage
+        self._registry = registry
+        self._threads = threads
+        self._runs = runs
+        self._kick = kick
+
+    async def create(self, assistant_id: str, *, schedule: str, on_run_completed: str | None = None,
+                     **options: Unpack[CronOptions]) -> dict[str, Any]:
+        """A cron whose every run gets a new thread: deleted when the run ends (``on_run_completed="delete"``,
+        the default) or kept (``"keep"``)."""
+        unexpected_keywords("create", options, CronOptions)
+        if on_run_completed not in (None, "delete", "keep"):
+            raise InvalidRequestError(f"on_run_completed must be 'delete' or 'keep', not {on_run_completed!r:.80}")
+        return await self._create(None, assistant_id, schedule, options, on_run_completed or "delete")
+
+    async def create_for_thread(self, thread_id: str, assistant_id: str, *, schedule: str,
+                                **options: Unpack[CronOptions]) -> dict[str, Any]:
+        """A cron that runs on the thread (``multitask_strategy`` ``enqueue`` unless given); deleted with it."""
+        unexpected_keywords("create_for_thread", options, CronOptions)
+        await self._threads.row(thread_id)  # 404 for an unknown thread
+        return await self._create(thread_id, assistant_id, schedule, options, None)
+
+    async def _create(self, thread_id: str | None, assistant_id: str, schedule: str, options: Mapping[str, Any],
+                      on_run_completed: str | None) -> dict[str, Any]:
+        await self._open()
+        given = {k: v for k, v in options.items() if v is not None}
+        timezone = check_timezone(_timezone_name(given.get("timezone")))
+        run_options = {k: v for k, v in given.items() if k in _CRON_RUN_OPTIONS}
+        graph_id, _ = _checked_run(self._registry, assistant_id, run_options)
+        now = datetime.now(UTC)
+        row = CronRow(
+            str(uuid.uuid4()), assistant_id_for(graph_id), thread_id, check_schedule(schedule), timezone,
+            utc_text(given["end_time"]) if "end_time" in given else None,
+            to_jsonable({"assistant_id": assistant_id_for(graph_id), "schedule": schedule, **run_options}),
+            dict(given.get("metadata") or {}), on_run_completed, bool(given.get("enabled", True)),
+            tick_text(next_tick(schedule, timezone, now)), now.isoformat(), now.isoformat())
+        await self._storage.create_cron(row)
+        self._kick()
+        return render_cron(row)
+
+    async def get(self, cron_id: str, *, headers: Headers = None, params: Params = None) -> dict[str, Any]:
+        return render_cron(await self._row(cron_id))
+
+    async def _row(self, cron_id: str) -> CronRow:
+        await self._open()
+        row = await self._storage.get_cron(cron_id)
+        if row is None:
+            raise NotFoundError(f"Cron '{cron_id}' not found")
+        return row
+
+    async def update(self, cron_id: str, **changes: Unpack[CronUpdate]) -> dict[str, Any]:
+        """Change a cron: its schedule, timezone, end, whether it is enabled, its runs' options (merged into
+        those it has), metadata (merged). A new schedule or timezone, or enabling it, counts from now."""
+        unexpected_keywords("update", changes, CronUpdate)
+        given: dict[str, Any] = {k: v for k, v in changes.items() if v is not None and k not in ("headers", "params")}
+        if not given and "end_time" not in changes:
+            raise InvalidRequestError("give at least one field of the cron to change")
+        row = await self._row(cron_id)
+        reschedule = False
+        if "schedule" in given:
+            row.schedule, reschedule = check_schedule(given["schedule"]), True
+        if "timezone" in given:
+            row.timezone, reschedule = check_timezone(_timezone_name(given["timezone"])), True
+        if "end_time" in changes:
+            row.end_time = utc_text(changes["end_time"]) if changes["end_time"] is not None else None
+        if "enabled" in given:
+            reschedule = reschedule or (given["enabled"] and not row.enabled)
+            row.enabled = bool(given["enabled"])
+        if "on_run_completed" in given:
+            if row.thread_id is not None or given["on_run_completed"] not in ("delete", "keep"):
+                raise InvalidRequestError("on_run_completed ('delete' or 'keep') is for crons without a thread")
+            row.on_run_completed = given["on_run_completed"]
+        if "metadata" in given:
+            row.metadata = {**row.metadata, **given["metadata"]}
+        payload = {**row.payload, **to_jsonable({k: v for k, v in given.items() if k in _CRON_RUN_OPTIONS})}
+        _checked_run(self._registry, row.assistant_id, {k: v for k, v in payload.items() if k in _CRON_RUN_OPTIONS})
+        row.payload = {**payload, "schedule": row.schedule}
+        now = datetime.now(UTC)
+        row.updated_at = now.isoformat()
+        if reschedule:
+            row.next_run_date = tick_text(next_tick(row.schedule, row.timezone, now))
+        if not await self._storage.update_cron(row, reschedule=reschedule):
+            raise NotFoundError(f"Cron '{cron_id}' not found")
+        self._kick()
+        return render_cron(await self._row(cron_id))
+
+    async def delete(self, cron_id: str, *, headers: Headers = None, params: Params = None) -> None:
+        await self._open()
+        if not await self._storage.delete_cron(cron_id):
+            raise NotFoundError(f"Cron '{cron_id}' not found")
+
+    async def search(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                     enabled: bool | None = None, metadata: Mapping[str, Any] | None = None, limit: int = 10,
+                     offset: int = 0, sort_by: str | None = None, sort_order: str | None = None,
+                     select: Sequence[str] | None = None, headers: Headers = None,
+                     params: Params = None) -> list[dict[str, Any]]:
+        await self._open()
+        if sort_by is not None and sort_by not in CRON_SORT:
+            raise InvalidRequestError(f"cannot sort crons by {sort_by!r:.80}; use one of {list(CRON_SORT)}")
+        rows = await self._storage.search_crons(
+            assistant_id=self._assistant(assistant_id), thread_id=thread_id, enabled=enabled,
+            metadata=dict(metadata or {}), limit=limit, offset=offset, sort_by=sort_by or "created_at",
+            sort_order=sort_order or "desc")
+        return selected([render_cron(r) for r in rows], select, CRON_FIELDS, "cron")
+
+    async def count(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                    metadata: Mapping[str, Any] | None = None, headers: Headers = None,
+                    params: Params = None) -> int:
+        await self._open()
+        return await self._storage.count_crons(assistant_id=self._assistant(assistant_id), thread_id=thread_id,
+                                               metadata=dict(metadata or {}))
+
+    def _assistant(self, assistant_id: str | None) -> str | None:
+        """The assistant id crons store for a graph id or assistant id (as given if no agent has it now)."""
+        if assistant_id is None:
+            return None
+        try:
+            return assistant_id_for(self._registry.graph_id_of(assistant_id))
+        except NotFoundError:
+            return assistant_id
+
+    async def start_run(self, cron: CronRow, tick: str) -> dict[str, Any]:
+        """The run one tick of ``cron`` starts (what the runtime's cron loop calls)."""
+        options: dict[str, Any] = {k: v for k, v in cron.payload.items() if k in _CRON_RUN_OPTIONS}
+        options["metadata"] = {**cron.metadata, **(options.get("metadata") or {}), "cron_id": cron.cron_id,
+                               "cron_tick": tick}
+        if cron.thread_id is None:
+            options["on_completion"] = cron.on_run_completed or "delete"
+        else:
+            options.setdefault("multitask_strategy", "enqueue")
+        return await self._runs.create(cron.thread_id, cron.assistant_id, **options)
+
+
 class StoreClient:
     """A key-value store shared by all threads, addressed by namespace tuples."""
 
@@ -559,9 +804,34 @@ class StoreClient:
         return {"namespaces": [list(ns) for ns in found]}
 
 
+def _cancel_action(action: str) -> CancelAction:
+    for known in _CANCEL_ACTIONS:
+        if action == known:
+            return known
+    raise InvalidRequestError(f"cancel action must be 'interrupt' or 'rollback', not {action!r:.80}")
+
+
+def _timezone_name(timezone: str | tzinfo | None) -> str | None:
+    """An IANA timezone name, from a name or a ``tzinfo`` (as ``langgraph_sdk`` sends it)."""
+    if timezone is None or isinstance(timezone, str):
+        return timezone
+    key = getattr(timezone, "key", None)
+    return key if isinstance(key, str) else timezone.tzname(None)
+
+
 def _check_on_disconnect(value: str | None) -> None:
     if value not in (None, "cancel", "continue"):
         raise InvalidRequestError(f"on_disconnect must be 'cancel' or 'continue', not {value!r}")
+
+
+def _checked_run(registry: Registry, assistant_id: str, options: Mapping[str, Any], *, watched: bool = False,
+                 once: bool = False) -> tuple[str, NewRun]:
+    """The graph id and the run ``options`` ask for, checked (nothing queued yet)."""
+    graph_id = registry.graph_id_of(assistant_id)
+    run = _new_run(options, watched=watched, once=once, tools=registry.graphs[graph_id].tool_names())
+    if run.webhook is not None:
+        check_webhook_url(run.webhook)
+    return graph_id, run
 
 
 def _new_run(options: Mapping[str, Any], *, watched: bool, once: bool, tools: Sequence[str]) -> NewRun:

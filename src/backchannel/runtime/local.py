@@ -1,6 +1,6 @@
 """``LocalRuntime``: threads, runs, checkpoints and a store in this process.
 
-Its public surface is the LangGraph SDK client's (``assistants``,
+Its public surface is the LangGraph SDK client's (``assistants``, ``crons``,
 ``threads``, ``runs``, ``store``), so code written against ``langgraph_sdk``
 works with it. Underneath, runs are asyncio tasks started by a scheduler that
 claims pending runs from storage: at most one run per thread, at most
@@ -29,7 +29,8 @@ from backchannel.interrupts import Interrupt
 from backchannel.messages import AnyMessage
 from backchannel.runtime.backends import DEFAULT_STORE, open_storage
 from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer
-from backchannel.runtime.clients import AssistantsClient, RunsClient, StoreClient, ThreadsClient
+from backchannel.runtime.clients import AssistantsClient, CronsClient, RunsClient, StoreClient, ThreadsClient
+from backchannel.runtime.crons import CronScheduler
 from backchannel.runtime.executor import DEFAULT_MAX_ATTEMPTS, Executor
 from backchannel.runtime.follow import Follower
 from backchannel.runtime.mail import Mail
@@ -39,7 +40,7 @@ from backchannel.runtime.peers import Peers
 from backchannel.runtime.queue import RunQueue
 from backchannel.runtime.recovery import Recovery
 from backchannel.runtime.registry import Registry
-from backchannel.runtime.rows import RunRow
+from backchannel.runtime.rows import CronRow, RunRow
 from backchannel.runtime.scheduler import Scheduler
 from backchannel.runtime.storage import Storage
 from backchannel.runtime.streams import RunStream, Streams
@@ -98,6 +99,9 @@ class LocalRuntime:
         self.runs = RunsClient(self.open, self.storage, self.registry, self.streams, self.queue, self.mail,
                                self.threads, follower)
         self.store = StoreClient(self.open, self.storage)
+        self.cron_scheduler = CronScheduler(self.storage, start=self._start_cron_run)
+        self.crons = CronsClient(self.open, self.storage, self.registry, self.threads, self.runs,
+                                 kick=self.cron_scheduler.kick)
         self.outbox = Outbox(self.store, self.spawn)
         self._background: list[asyncio.Task[None]] = []  # the scheduler, heartbeats, take-overs
         self._side_tasks: set[asyncio.Task[Any]] = set()  # webhooks and the outbox: not runs
@@ -144,7 +148,8 @@ class LocalRuntime:
                                        missed_mail=self.mail.announced_anywhere)
             self._opened = True
             self._background = [asyncio.create_task(self.scheduler.run_forever()),
-                                asyncio.create_task(self.recovery.heartbeat_forever())]
+                                asyncio.create_task(self.recovery.heartbeat_forever()),
+                                asyncio.create_task(self.cron_scheduler.run_forever())]
             if self.peers.shared:
                 self._background.append(asyncio.create_task(self.recovery.take_over_forever()))
             await self.recovery.recover()
@@ -181,6 +186,10 @@ class LocalRuntime:
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
         return task
+
+    async def _start_cron_run(self, cron: CronRow, tick: str) -> None:
+        # The cron loop is made before the crons client (which kicks it): it starts runs through here.
+        await self.crons.start_run(cron, tick)
 
     async def _execute(self, row: RunRow, stream: RunStream) -> None:
         # The scheduler is made before the executor (which uses it): it starts runs through here.

@@ -20,6 +20,7 @@ from backchannel.runtime.rows import (
     ACTIVE,
     CancelAction,
     CheckpointRow,
+    CronRow,
     ItemRow,
     RunClaim,
     RunEnd,
@@ -27,6 +28,7 @@ from backchannel.runtime.rows import (
     RunStatus,
     ThreadRow,
     ThreadStatus,
+    cron_order,
     thread_order,
 )
 from backchannel.runtime.storage import Storage, pick_claims
@@ -34,7 +36,7 @@ from backchannel.runtime.storage import Storage, pick_claims
 __all__ = ["MemoryStorage"]
 
 _FIELDS = {cls: operator.attrgetter(*(f.name for f in fields(cls))) for cls in (ThreadRow, RunRow, CheckpointRow,
-                                                                                   ItemRow)}
+                                                                                   ItemRow, CronRow)}
 
 
 def _copy(row: Any) -> Any:
@@ -60,6 +62,7 @@ class MemoryStorage(Storage):
         self._inbox: dict[str, dict[str, list[Any]]] = {}  # thread -> key -> [message, delivered]
         self._items: dict[tuple[tuple[str, ...], str], ItemRow] = {}
         self._workers: dict[str, tuple[dict[str, Any], str]] = {}
+        self._crons: dict[str, CronRow] = {}
 
     async def open(self) -> None:
         return None
@@ -99,6 +102,8 @@ class MemoryStorage(Storage):
             await self.delete_run(run_id)
         for table in (self._runs_of, self._checkpoints, self._checkpoint_by_id, self._pending_writes, self._inbox):
             table.pop(thread_id, None)
+        for cron in [c for c in self._crons.values() if c.thread_id == thread_id]:
+            del self._crons[cron.cron_id]
         return self._threads.pop(thread_id, None) is not None
 
     def _matching_threads(self, metadata: dict[str, Any] | None, status: ThreadStatus | None,
@@ -183,6 +188,10 @@ class MemoryStorage(Storage):
 
     async def count_runs_by_status(self) -> dict[RunStatus, int]:
         return dict(Counter(row.status for row in self._runs.values()))
+
+    async def runs_with_status(self, statuses: Sequence[RunStatus]) -> list[RunRow]:
+        found = [r for r in self._runs.values() if r.status in statuses]
+        return [_copy(r) for r in sorted(found, key=lambda r: self._order[r.run_id])]
 
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         return [_copy(self._runs[r]) for r in self._runs_of.get(thread_id, ()) if self._runs[r].status in ACTIVE]
@@ -390,3 +399,54 @@ class MemoryStorage(Storage):
         found = {ns[:max_depth] if max_depth is not None else ns for ns, _ in self._items
                  if ns[: len(prefix)] == prefix and (not suffix or ns[-len(suffix):] == suffix)}
         return sorted(found)[offset: offset + limit]
+
+    # -- crons
+
+    async def create_cron(self, row: CronRow) -> None:
+        self._crons[row.cron_id] = _copy(row)
+
+    async def get_cron(self, cron_id: str) -> CronRow | None:
+        row = self._crons.get(cron_id)
+        return _copy(row) if row else None
+
+    async def update_cron(self, row: CronRow, *, reschedule: bool) -> bool:
+        stored = self._crons.get(row.cron_id)
+        if stored is None:
+            return False
+        self._crons[row.cron_id] = replace(row, created_at=stored.created_at,
+                                           next_run_date=row.next_run_date if reschedule else stored.next_run_date)
+        return True
+
+    async def delete_cron(self, cron_id: str) -> bool:
+        return self._crons.pop(cron_id, None) is not None
+
+    def _matching_crons(self, assistant_id: str | None, thread_id: str | None, enabled: bool | None,
+                        metadata: dict[str, Any] | None) -> list[CronRow]:
+        return [c for c in self._crons.values() if (assistant_id is None or c.assistant_id == assistant_id)
+                and (thread_id is None or c.thread_id == thread_id) and (enabled is None or c.enabled == enabled)
+                and all(c.metadata.get(k) == v for k, v in (metadata or {}).items())]
+
+    async def search_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                           enabled: bool | None = None, metadata: dict[str, Any] | None = None, limit: int = 10,
+                           offset: int = 0, sort_by: str = "created_at", sort_order: str = "desc") -> list[CronRow]:
+        sort_by, order = cron_order(sort_by, sort_order)
+        position = {cron_id: i for i, cron_id in enumerate(self._crons)}
+        rows = sorted(self._matching_crons(assistant_id, thread_id, enabled, metadata),
+                      key=lambda c: (getattr(c, sort_by) or "", position[c.cron_id]), reverse=order == "DESC")
+        return [_copy(c) for c in rows[offset: offset + limit]]
+
+    async def count_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                          metadata: dict[str, Any] | None = None) -> int:
+        return len(self._matching_crons(assistant_id, thread_id, None, metadata))
+
+    async def due_crons(self, before: str, limit: int) -> list[CronRow]:
+        due = [c for c in self._crons.values() if c.enabled and c.next_run_date <= before
+               and (c.end_time is None or c.next_run_date <= c.end_time)]
+        return [_copy(c) for c in sorted(due, key=lambda c: c.next_run_date)[:limit]]
+
+    async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:
+        row = self._crons.get(cron_id)
+        if row is None or row.next_run_date != tick:
+            return False
+        row.next_run_date = next_tick
+        return True

@@ -33,12 +33,17 @@ from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._pgpool import ConnectionPool, unavailable
 from backchannel.runtime._rows import (
+    CRON_COLUMNS,
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
     checkpoint_chain,
     checkpoint_row,
     checkpoint_values,
+    cron_filter,
+    cron_row,
+    cron_update,
+    cron_values,
     dump,
     inbox_message,
     item_row,
@@ -52,6 +57,7 @@ from backchannel.runtime._rows import (
 from backchannel.runtime.rows import (
     CancelAction,
     CheckpointRow,
+    CronRow,
     ItemRow,
     RunClaim,
     RunEnd,
@@ -59,6 +65,7 @@ from backchannel.runtime.rows import (
     RunStatus,
     ThreadRow,
     ThreadStatus,
+    cron_order,
     thread_order,
 )
 from backchannel.runtime.storage import MISSED, Coordinator, Storage
@@ -119,6 +126,15 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # a run's claims: attempts that did not end, the current one's token (its writes carry it), its agent
         "ALTER TABLE runs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0, ADD COLUMN claim TEXT, "
         "ADD COLUMN agent_digest TEXT",
+    ),
+    (  # crons: schedules that start runs, each tick fired by whoever moves next_run_date past it first
+        """CREATE TABLE crons (
+            cron_id TEXT PRIMARY KEY, assistant_id TEXT NOT NULL, thread_id TEXT, schedule TEXT NOT NULL,
+            timezone TEXT, end_time TEXT, payload TEXT NOT NULL, metadata JSONB NOT NULL, on_run_completed TEXT,
+            enabled BOOLEAN NOT NULL, next_run_date TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+            seq BIGINT GENERATED ALWAYS AS IDENTITY)""",
+        "CREATE INDEX crons_due ON crons(next_run_date) WHERE enabled",
+        "CREATE INDEX crons_by_thread ON crons(thread_id)",
     ),
 )
 
@@ -322,6 +338,11 @@ class PostgresStorage(Storage):
     async def count_runs_by_status(self) -> dict[RunStatus, int]:
         return {status: count for status, count in await self._all("SELECT status, count(*) FROM runs GROUP BY status",
                                                                     ())}
+
+    async def runs_with_status(self, statuses: Sequence[RunStatus]) -> list[RunRow]:
+        rows = await self._all(f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ANY(%s) ORDER BY seq",
+                               (list(statuses),))
+        return [run_row(r) for r in rows]
 
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         rows = await self._all(f"SELECT {_RUN_COLUMNS} FROM runs WHERE thread_id = %s "
@@ -602,6 +623,59 @@ class PostgresStorage(Storage):
                               offset: int = 0) -> list[tuple[str, ...]]:
         rows = await self._all("SELECT DISTINCT namespace FROM items")
         return matching_namespaces((joined for (joined,) in rows), prefix, suffix, max_depth, limit, offset)
+
+    # -- crons (ticks are fixed-width UTC text: they compare as text under any collation)
+
+    async def create_cron(self, row: CronRow) -> None:
+        await self._write(f"INSERT INTO crons ({CRON_COLUMNS}) VALUES ({', '.join(['%s'] * 13)})", cron_values(row))
+
+    async def get_cron(self, cron_id: str) -> CronRow | None:
+        found = await self._one(f"SELECT {CRON_COLUMNS} FROM crons WHERE cron_id = %s", (cron_id,))
+        return cron_row(found) if found else None
+
+    async def update_cron(self, row: CronRow, *, reschedule: bool) -> bool:
+        return bool(await self._write(*cron_update(row, reschedule=reschedule, param="%s")))
+
+    async def delete_cron(self, cron_id: str) -> bool:
+        return bool(await self._write("DELETE FROM crons WHERE cron_id = %s", (cron_id,)))
+
+    @staticmethod
+    def _cron_filter(assistant_id: str | None, thread_id: str | None, enabled: bool | None,
+                     metadata: dict[str, Any] | None) -> tuple[str, list[Any]]:
+        clauses, params = cron_filter(assistant_id, thread_id, enabled, param="%s")
+        clauses.insert(0, "TRUE")
+        for key, value in (metadata or {}).items():
+            clauses.append(_json_equals("metadata"))
+            params += [key, dump(value)]
+        return " AND ".join(clauses), params
+
+    async def search_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                           enabled: bool | None = None, metadata: dict[str, Any] | None = None, limit: int = 10,
+                           offset: int = 0, sort_by: str = "created_at", sort_order: str = "desc") -> list[CronRow]:
+        sort_by, order = cron_order(sort_by, sort_order)
+        where, params = self._cron_filter(assistant_id, thread_id, enabled, metadata)
+        rows = await self._all(f"SELECT {CRON_COLUMNS} FROM crons WHERE {where} ORDER BY {sort_by} {order}, "
+                               f"seq {order} LIMIT %s OFFSET %s", (*params, limit, offset))
+        return [cron_row(r) for r in rows]
+
+    async def count_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                          metadata: dict[str, Any] | None = None) -> int:
+        where, params = self._cron_filter(assistant_id, thread_id, None, metadata)
+        found = await self._one(f"SELECT count(*) FROM crons WHERE {where}", params)
+        assert found is not None
+        return found[0]
+
+    async def due_crons(self, before: str, limit: int) -> list[CronRow]:
+        rows = await self._all(
+            f"SELECT {CRON_COLUMNS} FROM crons WHERE enabled AND next_run_date <= %s "
+            "AND (end_time IS NULL OR next_run_date <= end_time) ORDER BY next_run_date LIMIT %s", (before, limit))
+        return [cron_row(r) for r in rows]
+
+    async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:
+        # One statement: of the processes trying at once, the first to update the row wins; the others
+        # wait for its commit, then find next_run_date no longer equal to the tick.
+        return bool(await self._write("UPDATE crons SET next_run_date = %s WHERE cron_id = %s AND next_run_date = %s",
+                                      (next_tick, cron_id, tick)))
 
 
 class PostgresCoordinator(Coordinator):

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, get_args
 
-__all__ = ["ACTIVE", "TERMINAL", "CancelAction", "CheckpointRow", "ItemRow", "RunClaim", "RunEnd", "RunRow",
-           "RunStatus", "ThreadRow", "ThreadStatus", "thread_order"]
+__all__ = ["ACTIVE", "CRON_SORT", "TERMINAL", "CancelAction", "CheckpointRow", "CronRow", "ItemRow", "RunClaim",
+           "RunEnd", "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "cron_order", "thread_order"]
 
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 # A run's own "interrupted" means it was cancelled; a run that paused for a human succeeded (its thread waits).
@@ -109,6 +109,25 @@ class ItemRow:
     updated_at: str
 
 
+@dataclass(slots=True)
+class CronRow:
+    """A schedule that starts runs: on its thread (stateful), or each on a new thread (stateless)."""
+
+    cron_id: str
+    assistant_id: str
+    thread_id: str | None  # None: each run gets a thread of its own
+    schedule: str  # a cron expression (five fields, or six with seconds last)
+    timezone: str | None  # IANA name the schedule is read in; None: UTC
+    end_time: str | None  # ISO 8601: no run starts after it
+    payload: dict[str, Any]  # the runs' options (input, config, ...), as runs.create takes them
+    metadata: dict[str, Any]
+    on_run_completed: str | None  # stateless: "delete" or "keep" each run's thread
+    enabled: bool
+    next_run_date: str  # the next tick, UTC ISO 8601 (fixed width: ticks compare as text)
+    created_at: str
+    updated_at: str
+
+
 _THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at", "state_updated_at"})
 
 
@@ -116,4 +135,14 @@ def thread_order(sort_by: str, sort_order: str) -> tuple[str, Literal["ASC", "DE
     """The column and direction to sort threads by; ``ValueError`` for a column that is not sortable."""
     if sort_by not in _THREAD_SORT:
         raise ValueError(f"cannot sort threads by {sort_by!r}; use one of {sorted(_THREAD_SORT)}")
+    return sort_by, "ASC" if sort_order.lower() == "asc" else "DESC"
+
+
+CRON_SORT = ("cron_id", "assistant_id", "thread_id", "next_run_date", "end_time", "created_at", "updated_at")
+
+
+def cron_order(sort_by: str, sort_order: str) -> tuple[str, Literal["ASC", "DESC"]]:
+    """The column and direction to sort crons by; ``ValueError`` for a column that is not sortable."""
+    if sort_by not in CRON_SORT:
+        raise ValueError(f"cannot sort crons by {sort_by!r}; use one of {list(CRON_SORT)}")
     return sort_by, "ASC" if sort_order.lower() == "asc" else "DESC"

@@ -36,12 +36,17 @@ from backchannel.errors import LostRunError, StorageUnavailableError
 from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
+    CRON_COLUMNS,
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
     checkpoint_chain,
     checkpoint_row,
     checkpoint_values,
+    cron_filter,
+    cron_row,
+    cron_update,
+    cron_values,
     dump,
     inbox_message,
     item_row,
@@ -55,6 +60,7 @@ from backchannel.runtime._rows import (
 from backchannel.runtime.rows import (
     CancelAction,
     CheckpointRow,
+    CronRow,
     ItemRow,
     RunClaim,
     RunEnd,
@@ -62,6 +68,7 @@ from backchannel.runtime.rows import (
     RunStatus,
     ThreadRow,
     ThreadStatus,
+    cron_order,
     thread_order,
 )
 from backchannel.runtime.storage import Storage, pick_claims
@@ -133,6 +140,16 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE runs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE runs ADD COLUMN claim TEXT",
         "ALTER TABLE runs ADD COLUMN agent_digest TEXT",
+    ),
+    (
+        # Crons: schedules that start runs, each tick fired by whoever moves next_run_date past it first.
+        """CREATE TABLE crons (
+            cron_id TEXT PRIMARY KEY, assistant_id TEXT NOT NULL, thread_id TEXT, schedule TEXT NOT NULL,
+            timezone TEXT, end_time TEXT, payload TEXT NOT NULL, metadata TEXT NOT NULL, on_run_completed TEXT,
+            enabled INTEGER NOT NULL, next_run_date TEXT NOT NULL, created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL)""",
+        "CREATE INDEX crons_due ON crons(next_run_date) WHERE enabled",
+        "CREATE INDEX crons_by_thread ON crons(thread_id)",
     ),
 )
 
@@ -449,6 +466,11 @@ class SQLiteStorage(Storage):
     async def count_runs_by_status(self) -> dict[RunStatus, int]:
         return {status: count for status, count in self.db.execute("SELECT status, count(*) FROM runs GROUP BY status")}
 
+    async def runs_with_status(self, statuses: Sequence[RunStatus]) -> list[RunRow]:
+        rows = self.db.execute("SELECT * FROM runs WHERE status IN (SELECT value FROM json_each(?)) ORDER BY rowid",
+                               (dump(list(statuses)),)).fetchall()
+        return [run_row(r) for r in rows]
+
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         rows = self.db.execute(
             "SELECT * FROM runs WHERE thread_id = ? AND status IN ('pending', 'running') ORDER BY rowid",
@@ -683,6 +705,56 @@ class SQLiteStorage(Storage):
                               offset: int = 0) -> list[tuple[str, ...]]:
         rows = self.db.execute("SELECT DISTINCT namespace FROM items")
         return matching_namespaces((joined for (joined,) in rows), prefix, suffix, max_depth, limit, offset)
+
+    # -- crons
+
+    async def create_cron(self, row: CronRow) -> None:
+        await self._write(f"INSERT INTO crons ({CRON_COLUMNS}) VALUES ({','.join('?' * 13)})", cron_values(row))
+
+    async def get_cron(self, cron_id: str) -> CronRow | None:
+        found = self.db.execute(f"SELECT {CRON_COLUMNS} FROM crons WHERE cron_id = ?", (cron_id,)).fetchone()
+        return cron_row(found) if found else None
+
+    async def update_cron(self, row: CronRow, *, reschedule: bool) -> bool:
+        return bool(await self._write(*cron_update(row, reschedule=reschedule, param="?")))
+
+    async def delete_cron(self, cron_id: str) -> bool:
+        return bool(await self._write("DELETE FROM crons WHERE cron_id = ?", (cron_id,)))
+
+    @staticmethod
+    def _cron_filter(assistant_id: str | None, thread_id: str | None, enabled: bool | None,
+                     metadata: dict[str, Any] | None) -> tuple[str, list[Any]]:
+        clauses, params = cron_filter(assistant_id, thread_id, enabled, param="?")
+        clauses.insert(0, "1")
+        for key, value in (metadata or {}).items():
+            clauses.append("json_extract(metadata, ?) IS json_extract(?, '$')")
+            params += [f'$."{key}"', dump(value)]
+        return " AND ".join(clauses), params
+
+    async def search_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                           enabled: bool | None = None, metadata: dict[str, Any] | None = None, limit: int = 10,
+                           offset: int = 0, sort_by: str = "created_at", sort_order: str = "desc") -> list[CronRow]:
+        sort_by, order = cron_order(sort_by, sort_order)
+        where, params = self._cron_filter(assistant_id, thread_id, enabled, metadata)
+        rows = self.db.execute(f"SELECT {CRON_COLUMNS} FROM crons WHERE {where} ORDER BY {sort_by} {order}, "
+                               f"rowid {order} LIMIT ? OFFSET ?", (*params, limit, offset)).fetchall()
+        return [cron_row(r) for r in rows]
+
+    async def count_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                          metadata: dict[str, Any] | None = None) -> int:
+        where, params = self._cron_filter(assistant_id, thread_id, None, metadata)
+        return int(self.db.execute(f"SELECT count(*) FROM crons WHERE {where}", params).fetchone()[0])
+
+    async def due_crons(self, before: str, limit: int) -> list[CronRow]:
+        rows = self.db.execute(
+            f"SELECT {CRON_COLUMNS} FROM crons WHERE enabled AND next_run_date <= ? "
+            "AND (end_time IS NULL OR next_run_date <= end_time) ORDER BY next_run_date LIMIT ?",
+            (before, limit)).fetchall()
+        return [cron_row(r) for r in rows]
+
+    async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:
+        return bool(await self._write("UPDATE crons SET next_run_date = ? WHERE cron_id = ? AND next_run_date = ?",
+                                      (next_tick, cron_id, tick)))
 
 
 def _migrate(db: sqlite3.Connection, path: str, migrations: Sequence[Sequence[str]]) -> None:

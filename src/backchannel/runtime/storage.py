@@ -23,6 +23,7 @@ from backchannel.messages import AnyMessage
 from backchannel.runtime.rows import (
     CancelAction,
     CheckpointRow,
+    CronRow,
     ItemRow,
     RunClaim,
     RunEnd,
@@ -32,8 +33,8 @@ from backchannel.runtime.rows import (
     ThreadStatus,
 )
 
-__all__ = ["MISSED", "CheckpointStorage", "Coordinator", "InboxStorage", "ItemStorage", "RunStorage", "Storage",
-           "ThreadStorage", "WorkerStorage", "pick_claims"]
+__all__ = ["MISSED", "CheckpointStorage", "Coordinator", "CronStorage", "InboxStorage", "ItemStorage", "RunStorage",
+           "Storage", "ThreadStorage", "WorkerStorage", "pick_claims"]
 
 
 class ThreadStorage(Protocol):
@@ -110,6 +111,10 @@ class RunStorage(Protocol):
     @abc.abstractmethod
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         """A thread's pending and running runs, oldest first."""
+
+    @abc.abstractmethod
+    async def runs_with_status(self, statuses: Sequence[RunStatus]) -> list[RunRow]:
+        """Every thread's runs of these statuses, oldest first."""
 
     @abc.abstractmethod
     async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
@@ -276,7 +281,52 @@ class ItemStorage(Protocol):
         """The distinct namespaces with this prefix and suffix, cut at ``max_depth``, sorted."""
 
 
-class Storage(ThreadStorage, RunStorage, WorkerStorage, CheckpointStorage, InboxStorage, ItemStorage, Protocol):
+class CronStorage(Protocol):
+    """Crons: schedules that start runs. A cron's ``next_run_date`` is its next tick; a process fires a tick
+    only once it has moved ``next_run_date`` past it (:meth:`claim_cron_tick`), so each tick fires at most once
+    however many processes share the storage. A thread's crons are deleted with it."""
+
+    @abc.abstractmethod
+    async def create_cron(self, row: CronRow) -> None:
+        """Insert a cron."""
+
+    @abc.abstractmethod
+    async def get_cron(self, cron_id: str) -> CronRow | None:
+        """The cron, or ``None``."""
+
+    @abc.abstractmethod
+    async def update_cron(self, row: CronRow, *, reschedule: bool) -> bool:
+        """Store a cron's changed fields (all but ``created_at``; ``next_run_date`` only with ``reschedule``, so a
+        change never brings back a tick fired meanwhile). ``False`` if there is no such cron."""
+
+    @abc.abstractmethod
+    async def delete_cron(self, cron_id: str) -> bool:
+        """Delete a cron; ``False`` if there was none."""
+
+    @abc.abstractmethod
+    async def search_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                           enabled: bool | None = None, metadata: dict[str, Any] | None = None, limit: int = 10,
+                           offset: int = 0, sort_by: str = "created_at", sort_order: str = "desc") -> list[CronRow]:
+        """Crons of that assistant, thread and state whose metadata contains ``metadata``, sorted (see
+        :func:`~backchannel.runtime.rows.cron_order`)."""
+
+    @abc.abstractmethod
+    async def count_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                          metadata: dict[str, Any] | None = None) -> int:
+        """How many crons :meth:`search_crons` would find without a limit."""
+
+    @abc.abstractmethod
+    async def due_crons(self, before: str, limit: int) -> list[CronRow]:
+        """Enabled crons whose next tick is at or before ``before`` and not after their ``end_time``, soonest first."""
+
+    @abc.abstractmethod
+    async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:
+        """Move the cron's ``next_run_date`` from ``tick`` to ``next_tick`` in one atomic change: ``True`` for the
+        one caller that did (it fires the tick), ``False`` if the cron is elsewhere now (fired, changed, gone)."""
+
+
+class Storage(ThreadStorage, RunStorage, WorkerStorage, CheckpointStorage, InboxStorage, ItemStorage, CronStorage,
+              Protocol):
     """A storage backend: every kind of row. Methods are async so networked backends fit."""
 
     @abc.abstractmethod

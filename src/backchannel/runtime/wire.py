@@ -14,13 +14,13 @@ from typing import Any, Literal, get_args
 from backchannel.errors import InvalidRequestError
 from backchannel.hitl import check_resume
 from backchannel.messages import messages_from_input
-from backchannel.runtime.rows import CheckpointRow, ItemRow, RunRow, ThreadRow
+from backchannel.runtime.rows import CheckpointRow, CronRow, ItemRow, RunRow, ThreadRow
 from backchannel.runtime.run_options import check_delay, check_stream_modes
 from backchannel.serde import to_jsonable
 
 __all__ = ["BUSY", "MULTITASK_STRATEGIES", "MultitaskStrategy", "check_namespace", "check_run_arguments",
-           "checkpoint_id_of", "checkpoint_metadata", "input_update", "render_error", "render_item", "render_run",
-           "render_state", "render_thread", "resume_map"]
+           "checkpoint_id_of", "checkpoint_metadata", "input_update", "render_cron", "render_error", "render_item",
+           "render_run", "render_state", "render_thread", "resume_map"]
 
 MultitaskStrategy = Literal["reject", "interrupt", "rollback", "enqueue"]
 MULTITASK_STRATEGIES: tuple[str, ...] = get_args(MultitaskStrategy)
@@ -124,6 +124,15 @@ def render_run(row: RunRow) -> dict[str, Any]:
             "metadata": row.metadata, "status": row.status, "kwargs": kwargs,
             "multitask_strategy": row.multitask_strategy, "created_at": row.scheduled_at or row.created_at,
             "updated_at": row.updated_at, "usage": row.usage}
+
+
+def render_cron(row: CronRow) -> dict[str, Any]:
+    """A cron as LangGraph returns it."""
+    return {"cron_id": row.cron_id, "assistant_id": row.assistant_id, "thread_id": row.thread_id,
+            "on_run_completed": row.on_run_completed, "end_time": row.end_time, "schedule": row.schedule,
+            "timezone": row.timezone, "created_at": row.created_at, "updated_at": row.updated_at,
+            "payload": row.payload, "user_id": None, "next_run_date": row.next_run_date,
+            "metadata": row.metadata, "enabled": row.enabled}
 
 
 def render_thread(row: ThreadRow, values: dict[str, Any] | None, head: CheckpointRow | None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The ASGI app: the LangGraph API over a :class:`~backchannel.runtime.LocalRuntime`.
 
 ``create_app(runtime)`` serves the runtime's ``assistants``, ``threads``,
-``runs`` and ``store`` at the paths ``langgraph_sdk`` calls, plus ``/ok``,
+``runs``, ``crons`` and ``store`` at the paths ``langgraph_sdk`` calls, plus ``/ok``,
 ``/info``, ``/openapi.json``, ``/docs`` (the same document as a page) and
 ``/metrics`` (Prometheus). The app opens the runtime when it starts
 and, when it stops, gives running runs ``grace`` seconds to finish; the rest
@@ -21,7 +21,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backchannel.server import assistants, runs, store, threads, timeline
+from backchannel.server import assistants, crons, runs, store, threads, timeline
 from backchannel.server.auth import APIKeyMiddleware
 from backchannel.server.browsers import BrowserGuard, BrowserPolicy, default_policy
 from backchannel.server.connections import DEFAULT_CLIENT_TIMEOUT
@@ -48,7 +48,7 @@ async def info(request: Request) -> Response:
     from backchannel import __version__
 
     return JSONResponse({"version": __version__, "host": {"kind": "backchannel"},
-                         "flags": {"assistants": True, "crons": False, "langsmith": False}})
+                         "flags": {"assistants": True, "crons": True, "langsmith": False}})
 
 
 async def openapi(request: Request) -> Response:
@@ -63,8 +63,8 @@ META = [
     Endpoint("GET", "/metrics", metrics, "Runs, the queue, run latency, open streams and notifications, for Prometheus",
              media_type=CONTENT_TYPE),
 ]
-ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINTS, *runs.ENDPOINTS, *store.ENDPOINTS,
-                                 *timeline.ENDPOINTS]
+ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINTS, *runs.ENDPOINTS, *crons.ENDPOINTS,
+                                 *store.ENDPOINTS, *timeline.ENDPOINTS]
 
 
 def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,

@@ -26,7 +26,7 @@ from backchannel.server.routing import (
     render_json,
     runtime_of,
 )
-from backchannel.server.schemas import RunCreate
+from backchannel.server.schemas import RunBatch, RunCreate, RunsCancel
 from backchannel.server.sse import StreamingBody, encode_event, event_stream, json_body
 from backchannel.tracing import with_trace_context
 
@@ -51,6 +51,18 @@ async def create_run(request: Request) -> Response:
     thread_id = request.path_params.get("thread_id")
     run = await runtime_of(request).runs.create(thread_id, body.assistant_id, **_run_options(body, request))
     return JSONResponse(run, headers=_run_headers(thread_id, run["run_id"]))
+
+
+async def create_batch(request: Request) -> Response:
+    body = await read_body(request, RunBatch)
+    payloads = [{"assistant_id": run.assistant_id, **_run_options(run, request)} for run in body.root]
+    return JSONResponse(await runtime_of(request).runs.create_batch(payloads))
+
+
+async def cancel_runs(request: Request) -> Response:
+    body = await read_body(request, RunsCancel)
+    await runtime_of(request).runs.cancel_many(**dump(body), action=request.query_params.get("action") or "interrupt")
+    return Response(status_code=204)
 
 
 async def stream_run(request: Request) -> Response | StreamingBody:
@@ -220,6 +232,11 @@ ENDPOINTS = [
         responses={202: "Cancelling", 200: "The run's output (with wait)", 404: "No such active run",
                    422: "Invalid action"}),
     Endpoint("POST", "/runs", create_run, "Create a stateless background run", RunCreate, responses=_RUN),
+    Endpoint("POST", "/runs/batch", create_batch, "Create stateless background runs in a batch", RunBatch,
+             responses={200: "The runs, in order", 404: "Assistant not found", 422: "Invalid request (names the run)"}),
+    Endpoint("POST", "/runs/cancel", cancel_runs, "Cancel a thread's runs by id, or every run of a status", RunsCancel,
+             query={"action": Query(description="interrupt (keep their steps) or rollback (delete the runs)")},
+             responses={204: "Cancelling", 404: "No run matches", 422: "Invalid request"}),
     Endpoint("POST", "/runs/stream", stream_run, "Create a stateless run and stream it", RunCreate,
              responses=_STREAM, media_type="text/event-stream"),
     Endpoint("POST", "/runs/wait", wait_run, "Create a stateless run and wait for its output", RunCreate,

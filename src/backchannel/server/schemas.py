@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from backchannel.runtime.modes import StreamMode
 from backchannel.runtime.run_options import MAX_DELAY
@@ -18,7 +18,8 @@ from backchannel.runtime.wire import MultitaskStrategy
 from backchannel.server.routing import MAX_INT
 
 __all__ = [
-    "AssistantCount", "AssistantSearch", "CheckpointConfig", "Command", "HistorySearch", "RunCreate", "Send",
+    "AssistantCount", "AssistantSearch", "CheckpointConfig", "Command", "CronCount", "CronCreate", "CronPatch",
+    "CronSearch", "HistorySearch", "RunBatch", "RunCreate", "RunsCancel", "Send", "ThreadCronCreate",
     "StateCheckpoint", "StateUpdate", "StoreDelete", "StoreNamespaces", "StorePut", "StoreSearch", "ThreadCount",
     "ThreadCreate", "ThreadPatch", "ThreadSearch",
 ]
@@ -75,6 +76,83 @@ class RunCreate(Body):
     webhook: str | None = Field(default=None, min_length=1, max_length=65536)
     interrupt_before: Literal["*"] | list[str] | None = None
     interrupt_after: Literal["*"] | list[str] | None = None
+
+
+class RunBatch(RootModel[list[RunCreate]]):
+    """Stateless runs to queue together (at least one)."""
+
+    root: list[RunCreate] = Field(min_length=1)
+
+
+class RunsCancel(Body):
+    """Runs to cancel: a thread's ``run_ids``, or every run of a ``status``."""
+
+    thread_id: str | None = None
+    run_ids: list[str] | None = None
+    status: Literal["pending", "running", "all"] | None = None
+
+
+class _CronRuns(Body):
+    """What a cron's runs get, as a run's options."""
+
+    input: dict[str, Any] | list[Any] | str | None = None
+    metadata: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    webhook: str | None = Field(default=None, min_length=1, max_length=65536)
+    interrupt_before: Literal["*"] | list[str] | None = None
+    interrupt_after: Literal["*"] | list[str] | None = None
+    stream_mode: StreamMode | list[StreamMode] | None = None
+    stream_subgraphs: bool | None = None
+    stream_resumable: bool | None = None
+    durability: Literal["sync", "async", "exit"] | None = None
+
+
+class ThreadCronCreate(_CronRuns):
+    """A cron that runs on a thread: ``schedule`` is a cron expression (UTC unless ``timezone``)."""
+
+    assistant_id: str = Field(min_length=1)
+    schedule: str
+    timezone: str | None = None
+    end_time: str | None = None
+    enabled: bool | None = None
+    multitask_strategy: MultitaskStrategy | None = None
+    checkpoint_during: bool | None = None
+
+
+class CronCreate(ThreadCronCreate):
+    """A cron whose every run gets a new thread, deleted after the run unless ``on_run_completed`` is keep."""
+
+    on_run_completed: Literal["delete", "keep"] | None = None
+
+
+class CronPatch(_CronRuns):
+    """What to change in a cron (``end_time: null`` clears it)."""
+
+    schedule: str | None = None
+    timezone: str | None = None
+    end_time: str | None = None
+    enabled: bool | None = None
+    on_run_completed: Literal["delete", "keep"] | None = None
+
+
+class CronSearch(Body):
+    assistant_id: str | None = None
+    thread_id: str | None = None
+    enabled: bool | None = None
+    metadata: dict[str, Any] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0, le=MAX_INT)
+    sort_by: Literal["cron_id", "assistant_id", "thread_id", "next_run_date", "end_time", "created_at",
+                     "updated_at"] | None = None
+    sort_order: Literal["asc", "desc"] | None = None
+    select: list[str] | None = None
+
+
+class CronCount(Body):
+    assistant_id: str | None = None
+    thread_id: str | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class ThreadCreate(Body):
