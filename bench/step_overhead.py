@@ -9,7 +9,9 @@ What is measured (zero-latency scripted models, so only the harness is timed):
 * tracing: µs per step (async tool, N = 50) with nothing recorded (``agent.ainvoke``), with the run's
   spans recorded (as in a runtime, which keeps them for the run's usage and timeline), and with
   OpenTelemetry on (its SDK with a batch span processor whose exporter encodes each batch to OTLP
-  protobuf and drops it), measured in turns in one process; and what one bare SDK span costs here;
+  protobuf and drops it), measured in turns in one process by wall clock, process CPU and the event
+  loop thread's CPU; the same with and without OpenTelemetry when model calls take 1 ms; the OTLP
+  encoding's CPU per span; and what one bare SDK span costs here;
 * construction: µs per ``create_agent(...)`` call, model and tools pre-built;
 * retained memory: bytes per agent (tracemalloc) with many agents kept alive;
 * import time: ``python -X importtime``, a fresh process each time.
@@ -284,11 +286,24 @@ async def measure_steps(framework: Framework, kind: str, n: int, repeats: int) -
 
 
 TRACING_MODES = ("off", "recorded", "opentelemetry")
+SLOW_MODEL_LATENCY = 0.001  # seconds a model call takes in the "slow model" comparison
+
+
+@dataclass
+class StepCost:
+    """µs per step by clock: wall, the process's CPU (all its threads), the event loop's thread's CPU."""
+
+    wall: Stats
+    cpu: Stats
+    loop_cpu: Stats
 
 
 async def measure_tracing(repeats: int, n: int = 50) -> dict[str, Any]:
-    """backchannel's µs per step (async tool) by tracing mode, sampled in turns in one process; and the µs
-    one bare OpenTelemetry SDK span (start + end) takes here, for scale. ``None`` without the SDK."""
+    """backchannel's µs per step (async tool) by tracing mode, sampled in turns in one process, by wall clock,
+    process CPU and event-loop-thread CPU; the same with and without OpenTelemetry when each model call takes
+    ``SLOW_MODEL_LATENCY`` (the loop waits, as on a real model); the µs the OTLP exporter's encoding takes per
+    span in its thread; and what one bare OpenTelemetry SDK span (start + end) costs here, for scale. ``None``
+    without the SDK."""
     try:
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
         from opentelemetry.sdk.trace import TracerProvider
@@ -300,35 +315,44 @@ async def measure_tracing(repeats: int, n: int = 50) -> dict[str, Any]:
     from backchannel.tracing import configure_tracing
 
     class EncodingExporter(SpanExporter):
+        encoded = 0
+        encode_ns = 0
+
         def export(self, spans: Any) -> SpanExportResult:
+            start = time.thread_time_ns()
             encode_spans(spans).SerializeToString()  # what an OTLP exporter does before sending
+            self.encode_ns += time.thread_time_ns() - start
+            self.encoded += len(spans)
             return SpanExportResult.SUCCESS
 
+    exporter = EncodingExporter()
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(EncodingExporter()))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
 
     @bc.tool
     async def echo(x: int) -> int:
         """Return x unchanged."""
         return x
 
-    script: list[Any] = [{"tool_calls": [{"name": "echo", "args": {"x": i}}]} for i in range(n)]
-    agent = bc.create_agent(bc.ScriptedModel([*script, "done"], loop=True), [echo], max_iterations=n + 1)
-    runners = {"off": lambda: agent.ainvoke(PROMPT),  # nothing reads the spans: none recorded
-               "recorded": lambda: agent.run(initial_state(PROMPT), bc.RunContext("agent", "bench")),
-               "opentelemetry": lambda: agent.ainvoke(PROMPT)}
-    runs = max(1, STEPS_PER_SAMPLE // n)
-    samples: dict[str, list[float]] = {mode: [] for mode in TRACING_MODES}
+    def agent(latency: float = 0.0) -> Any:
+        script: list[Any] = [{"tool_calls": [{"name": "echo", "args": {"x": i}}]} for i in range(n)]
+        model = bc.ScriptedModel([*script, "done"], loop=True, latency=latency)
+        return bc.create_agent(model, [echo], max_iterations=n + 1)
+
+    fast, slow = agent(), agent(SLOW_MODEL_LATENCY)
+    runners = {"off": lambda: fast.ainvoke(PROMPT),  # nothing reads the spans: none recorded
+               "recorded": lambda: fast.run(initial_state(PROMPT), bc.RunContext("agent", "bench")),
+               "opentelemetry": lambda: fast.ainvoke(PROMPT),
+               "slow model": lambda: slow.ainvoke(PROMPT),
+               "slow model, opentelemetry": lambda: slow.ainvoke(PROMPT)}
+    samples: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in runners}
     try:
-        for _ in range(repeats):
-            for mode in TRACING_MODES:
-                configure_tracing(provider, enabled=mode == "opentelemetry")
-                await runners[mode]()
-                gc.collect()
-                start = time.perf_counter_ns()
-                for _ in range(runs):
-                    await runners[mode]()
-                samples[mode].append((time.perf_counter_ns() - start) / 1_000 / (runs * (n + 1)))
+        for repeat in range(repeats):
+            for mode, run in runners.items():
+                if mode.startswith("slow") and repeat >= max(3, repeats // 3):
+                    continue  # ~100 ms a sample: fewer
+                configure_tracing(provider, enabled=mode.endswith("opentelemetry"))
+                samples[mode].append(await _step_cost(run, max(1, STEPS_PER_SAMPLE // n), n + 1))
     finally:
         configure_tracing()
     provider.shutdown()
@@ -338,7 +362,22 @@ async def measure_tracing(repeats: int, n: int = 50) -> dict[str, Any]:
         for _ in range(spans):
             tracer.start_span("span").end()
         bare.append((time.perf_counter_ns() - start) / 1_000 / spans)
-    return {"modes": {mode: Stats.of(found) for mode, found in samples.items()}, "bare_span_us": min(bare)}
+    return {"modes": {mode: StepCost(*(Stats.of([s[i] for s in found]) for i in range(3)))
+                      for mode, found in samples.items()},
+            "bare_span_us": min(bare), "encode_us_per_span": exporter.encode_ns / 1_000 / max(1, exporter.encoded)}
+
+
+async def _step_cost(run: Runner, runs: int, steps: int) -> tuple[float, float, float]:
+    """µs per step of ``runs`` runs of ``steps`` steps (after one warm-up run): wall, process CPU, this thread's
+    CPU."""
+    await run()
+    gc.collect()
+    wall, cpu, loop_cpu = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
+    for _ in range(runs):
+        await run()
+    per_step = 1_000 * runs * steps
+    return ((time.perf_counter_ns() - wall) / per_step, (time.process_time_ns() - cpu) / per_step,
+            (time.thread_time_ns() - loop_cpu) / per_step)
 
 
 def measure_construction(framework: Framework, iterations: int, repeats: int) -> Stats:
@@ -548,27 +587,38 @@ def target_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def otel_added_us(tracing: dict[str, Any]) -> float | None:
-    """µs per step OpenTelemetry adds over a run that records nothing (best against best)."""
+    """µs per step (wall) OpenTelemetry adds over a run that records nothing (best against best)."""
     modes = tracing["modes"]
-    return None if isinstance(modes, str) else modes["opentelemetry"].best - modes["off"].best
+    return None if isinstance(modes, str) else modes["opentelemetry"].wall.best - modes["off"].wall.best
 
 
 def render_tracing(results: dict[str, Any], out: Any) -> None:
     tracing = results["tracing"]
     modes = tracing["modes"]
-    print("\ntracing: backchannel µs per step (async tool, N=50), best / median, the modes sampled in turns\n",
-          file=out)
+    print("\ntracing: backchannel µs per step (async tool, N=50), best / median, the modes sampled in turns: by\n"
+          "wall clock, the process's CPU (all its threads) and the event loop thread's CPU; +: added over nothing\n"
+          "recorded (over the same model without OpenTelemetry, for the 1 ms model)\n", file=out)
     if isinstance(modes, str):
         print(f"  {modes}", file=out)
         return
-    off = modes["off"].best
     labels = {"off": "nothing recorded (agent.ainvoke)", "recorded": "spans recorded (as in a runtime)",
-              "opentelemetry": "OpenTelemetry on, batch exporter"}
-    for mode in TRACING_MODES:
-        added = "" if mode == "off" else f"   {modes[mode].best - off:+,.1f} µs"
-        print(f"  {labels[mode]:<36} {_fmt(modes[mode]):>19}{added}", file=out)
-    print(f"\n  one bare OpenTelemetry SDK span (start + end, no attributes, no processor): "
-          f"{tracing['bare_span_us']:,.1f} µs (best); a step has two (its model call and its tool call)", file=out)
+              "opentelemetry": "OpenTelemetry on, batch exporter",
+              "slow model": f"model calls of {SLOW_MODEL_LATENCY * 1000:g} ms",
+              "slow model, opentelemetry": "... OpenTelemetry on"}
+    header = f"  {'':<34} | {'wall':>24} | {'process CPU':>24} | {'loop thread CPU':>24}"
+    print(header, "  " + "-" * (len(header) - 2), sep="\n", file=out)
+    bases = {"recorded": "off", "opentelemetry": "off", "slow model, opentelemetry": "slow model"}
+    for mode, label in labels.items():
+        cost, base = modes[mode], modes.get(bases.get(mode, ""))
+        cells = []
+        for clock in ("wall", "cpu", "loop_cpu"):
+            stats = getattr(cost, clock)
+            added = f" {stats.best - getattr(base, clock).best:+6.0f}" if base is not None else ""
+            cells.append(f"{stats.best:,.1f} / {stats.median:,.1f}{added}".rjust(24))
+        print(f"  {label:<34} | " + " | ".join(cells), file=out)
+    print(f"\n  the OTLP encoding of a span (in the batch processor's thread): {tracing['encode_us_per_span']:,.1f} "
+          f"µs CPU; one bare OpenTelemetry SDK span (start + end, no attributes, no processor): "
+          f"{tracing['bare_span_us']:,.1f} µs; a step has two spans (its model call and its tool call)", file=out)
 
 
 def render_steps(results: dict[str, Any], out: Any) -> None:
@@ -658,7 +708,7 @@ def versions(distributions: tuple[str, ...] = DISTRIBUTIONS) -> dict[str, str]:
 
 
 def to_jsonable(value: Any) -> Any:
-    if isinstance(value, (Stats, ImportTime)):
+    if isinstance(value, (Stats, ImportTime, StepCost)):
         return asdict(value)
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
