@@ -62,3 +62,16 @@ async def test_bad_crons_are_refused(make_runtime):
     with pytest.raises(InvalidRequestError, match="sort"):
         await rt.crons.search(sort_by="payload")
     assert await rt.crons.count() == 1
+
+
+async def test_only_runtimes_serving_a_crons_agent_fire_it(make_runtime, store_url):
+    if store_url == "memory":
+        pytest.skip("a memory store is one runtime's own")
+    rt = await make_runtime({"agent": echo_agent()})
+    await make_runtime({"other": echo_agent()}, store=store_url)  # shares the database, not the agent
+    thread = (await rt.threads.create())["thread_id"]
+    cron = await rt.crons.create_for_thread(thread, "agent", schedule="* * * * * *", input=user("tick"))
+    await asyncio.sleep(3.4)
+    await rt.crons.delete(cron["cron_id"])
+    ticks = sorted(datetime.fromisoformat(r["metadata"]["cron_tick"]) for r in await rt.runs.list(thread, limit=100))
+    assert len(ticks) >= 3 and all(b - a == timedelta(seconds=1) for a, b in zip(ticks, ticks[1:])), ticks

@@ -2,6 +2,7 @@
 
 import asyncio
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -426,9 +427,12 @@ async def test_due_crons_are_enabled_before_their_end_and_soonest_first(storage)
     await storage.create_cron(_cron("ended", "2026-01-01T00:00:03.000000+00:00",
                                     end_time="2026-01-01T00:00:02.500000+00:00"))
     await storage.create_cron(_cron("future", "2027-01-01T00:00:00.000000+00:00"))
-    due = await storage.due_crons("2026-01-01T00:00:05.000000+00:00", 10)
+    await storage.create_cron(replace(_cron("elsewhere", "2026-01-01T00:00:01.000000+00:00"), assistant_id="b"))
+    due = await storage.due_crons("2026-01-01T00:00:05.000000+00:00", 10, ["a"])
     assert [c.cron_id for c in due] == ["sooner", "later"]
-    assert [c.cron_id for c in await storage.due_crons("2026-01-01T00:00:05.000000+00:00", 1)] == ["sooner"]
+    assert [c.cron_id for c in await storage.due_crons("2026-01-01T00:00:05.000000+00:00", 1, ["a"])] == ["sooner"]
+    assert [c.cron_id for c in await storage.due_crons("2026-01-01T00:00:05.000000+00:00", 10, ["b"])] == [
+        "elsewhere"]
 
 
 async def test_a_cron_changed_keeps_its_next_tick_unless_rescheduled(storage):

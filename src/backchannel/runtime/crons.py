@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -83,9 +83,11 @@ def utc_text(value: datetime | str) -> str:
 class CronScheduler:
     """Fires this runtime's share of the crons' ticks: ``start(cron, tick)`` makes the tick's run."""
 
-    def __init__(self, storage: CronStorage, start: Callable[[CronRow, str], Awaitable[Any]]) -> None:
+    def __init__(self, storage: CronStorage, start: Callable[[CronRow, str], Awaitable[Any]],
+                 served: Callable[[], Collection[str]]) -> None:
         self.storage = storage
         self._start = start
+        self._served = served  # the assistant ids of the agents this runtime runs: it fires only their crons
         self._wake = asyncio.Event()
 
     def kick(self) -> None:
@@ -100,13 +102,16 @@ class CronScheduler:
             except StorageUnavailableError as exc:  # crons wait for the database, like runs
                 logger.debug("cannot read crons: %s", exc)
                 pause = _UNAVAILABLE_PAUSE
+            except Exception:  # the loop outlives any one cron
+                logger.exception("the cron loop failed; it goes on")
+                pause = _LOOK_AHEAD
             if pause > 0:
                 await self._sleep(pause)
 
     async def _fire_due(self) -> float:
         """Fire the ticks due within the look-ahead, each at its time; returns how long to pause after."""
         horizon = datetime.now(UTC) + timedelta(seconds=_LOOK_AHEAD)
-        crons = await self.storage.due_crons(tick_text(horizon), _BATCH)
+        crons = await self.storage.due_crons(tick_text(horizon), _BATCH, list(self._served()))
         for cron in crons:
             wait = (datetime.fromisoformat(cron.next_run_date) - datetime.now(UTC)).total_seconds()
             if wait > 0 and await self._sleep(wait):

@@ -99,7 +99,7 @@ class LocalRuntime:
         self.runs = RunsClient(self.open, self.storage, self.registry, self.streams, self.queue, self.mail,
                                self.threads, follower)
         self.store = StoreClient(self.open, self.storage)
-        self.cron_scheduler = CronScheduler(self.storage, start=self._start_cron_run)
+        self.cron_scheduler = CronScheduler(self.storage, start=self._start_cron_run, served=self.registry.served)
         self.crons = CronsClient(self.open, self.storage, self.registry, self.threads, self.runs,
                                  kick=self.cron_scheduler.kick)
         self.outbox = Outbox(self.store, self.spawn)

@@ -439,9 +439,9 @@ class MemoryStorage(Storage):
                           metadata: dict[str, Any] | None = None) -> int:
         return len(self._matching_crons(assistant_id, thread_id, None, metadata))
 
-    async def due_crons(self, before: str, limit: int) -> list[CronRow]:
+    async def due_crons(self, before: str, limit: int, assistant_ids: Sequence[str]) -> list[CronRow]:
         due = [c for c in self._crons.values() if c.enabled and c.next_run_date <= before
-               and (c.end_time is None or c.next_run_date <= c.end_time)]
+               and (c.end_time is None or c.next_run_date <= c.end_time) and c.assistant_id in assistant_ids]
         return [_copy(c) for c in sorted(due, key=lambda c: c.next_run_date)[:limit]]
 
     async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:

@@ -665,10 +665,11 @@ class PostgresStorage(Storage):
         assert found is not None
         return found[0]
 
-    async def due_crons(self, before: str, limit: int) -> list[CronRow]:
+    async def due_crons(self, before: str, limit: int, assistant_ids: Sequence[str]) -> list[CronRow]:
         rows = await self._all(
             f"SELECT {CRON_COLUMNS} FROM crons WHERE enabled AND next_run_date <= %s "
-            "AND (end_time IS NULL OR next_run_date <= end_time) ORDER BY next_run_date LIMIT %s", (before, limit))
+            "AND (end_time IS NULL OR next_run_date <= end_time) AND assistant_id = ANY(%s) "
+            "ORDER BY next_run_date LIMIT %s", (before, list(assistant_ids), limit))
         return [cron_row(r) for r in rows]
 
     async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:

@@ -745,11 +745,12 @@ class SQLiteStorage(Storage):
         where, params = self._cron_filter(assistant_id, thread_id, None, metadata)
         return int(self.db.execute(f"SELECT count(*) FROM crons WHERE {where}", params).fetchone()[0])
 
-    async def due_crons(self, before: str, limit: int) -> list[CronRow]:
+    async def due_crons(self, before: str, limit: int, assistant_ids: Sequence[str]) -> list[CronRow]:
         rows = self.db.execute(
             f"SELECT {CRON_COLUMNS} FROM crons WHERE enabled AND next_run_date <= ? "
-            "AND (end_time IS NULL OR next_run_date <= end_time) ORDER BY next_run_date LIMIT ?",
-            (before, limit)).fetchall()
+            "AND (end_time IS NULL OR next_run_date <= end_time) "
+            "AND assistant_id IN (SELECT value FROM json_each(?)) ORDER BY next_run_date LIMIT ?",
+            (before, dump(list(assistant_ids)), limit)).fetchall()
         return [cron_row(r) for r in rows]
 
     async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:

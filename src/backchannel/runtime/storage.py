@@ -316,8 +316,9 @@ class CronStorage(Protocol):
         """How many crons :meth:`search_crons` would find without a limit."""
 
     @abc.abstractmethod
-    async def due_crons(self, before: str, limit: int) -> list[CronRow]:
-        """Enabled crons whose next tick is at or before ``before`` and not after their ``end_time``, soonest first."""
+    async def due_crons(self, before: str, limit: int, assistant_ids: Sequence[str]) -> list[CronRow]:
+        """Enabled crons of these assistants whose next tick is at or before ``before`` and not after their
+        ``end_time``, soonest first."""
 
     @abc.abstractmethod
     async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:
