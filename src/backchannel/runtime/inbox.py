@@ -44,23 +44,28 @@ def notification_in(value: Any) -> HumanMessage | None:
 class ThreadInbox:
     """The :class:`~backchannel.context.Inbox` of one active run."""
 
+    __slots__ = ("storage", "thread_id", "claim", "_messages", "_taken", "_waiters")
+
     def __init__(self, storage: InboxStorage, thread_id: str, waiting: Sequence[tuple[str, AnyMessage]] = (), *,
                  claim: RunClaim | None = None) -> None:
         self.storage = storage
         self.thread_id = thread_id
         self.claim = claim  # the run's: mail it takes is marked delivered only while the run is still its
         self._messages: dict[str, AnyMessage] = dict(waiting)
-        self._taken: set[str] = set()  # keys this run delivered: the same mail announced again is ignored
-        self._arrived = asyncio.Event()
-        if self._messages:
-            self._arrived.set()
+        # Keys this run delivered: the same mail announced again is ignored. Until a first ack, and
+        # without a waiter, an inbox holds no more than it must (thousands of subagents each have one).
+        self._taken: frozenset[str] = frozenset()
+        self._waiters: list[asyncio.Future[None]] = []
 
     def push(self, key: str, message: AnyMessage) -> None:
         """A message for this run (already stored)."""
         if key in self._taken or key in self._messages:
             return
         self._messages[key] = message
-        self._arrived.set()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # its run may have been cancelled
+                waiter.set_result(None)
 
     def drain(self) -> list[AnyMessage]:
         return list(self._messages.values())
@@ -70,10 +75,12 @@ class ThreadInbox:
         keys = [k for k, m in self._messages.items() if m.id in delivered]
         for key in keys:
             del self._messages[key]
-        self._taken.update(keys)
-        if not self._messages:
-            self._arrived.clear()
+        self._taken = self._taken.union(keys)
         await self.storage.ack_inbox(self.thread_id, keys, self.claim)
 
     async def wait(self) -> None:
-        await self._arrived.wait()
+        """Until a message is here."""
+        if not self._messages:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter

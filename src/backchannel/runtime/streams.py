@@ -24,6 +24,9 @@ class RunStream:
     nobody watches publishes nothing at all.
     """
 
+    __slots__ = ("run_id", "resumable", "bus", "events", "status", "error", "final_values", "exception", "final_row",
+                 "interrupts", "result", "last_seq", "_waiters", "_readers", "_recording", "_awaited")
+
     def __init__(self, run_id: str, *, resumable: bool = False, values: bool = False, watched: bool = False) -> None:
         self.run_id = run_id
         self.resumable = resumable
