@@ -7,7 +7,9 @@ the run: the run's ``usage`` and the thread's timeline come from them. This
 costs well under a microsecond per step.
 
 With OpenTelemetry set up (``pip install 'backchannel[otel]'``), the same
-spans are exported, named and attributed as the GenAI semantic conventions say::
+spans are exported, each as its run or call ends (the SDK makes it off the
+event loop: ``_otel_span.py``), named and attributed as the GenAI semantic
+conventions say::
 
     invoke_agent supervisor              a run (gen_ai.agent.name, gen_ai.conversation.id = the thread)
       chat gpt-4o-mini                   a model call (gen_ai.request.model, gen_ai.usage.input_tokens, ...)
