@@ -335,6 +335,33 @@ def test_a_program_that_fails_mid_run_still_exports_the_spans_of_what_ended():
     assert by_name["invoke_agent doomed"]["attributes"]["backchannel.status"] == "cancelled"
 
 
+FORKED = """
+import asyncio, os, sys
+from opentelemetry import trace
+from backchannel import ScriptedModel, create_agent
+
+agent = create_agent(ScriptedModel(["hi"], loop=True), name="forked")
+asyncio.run(agent.ainvoke("hello"))  # the parent's spans: its span-making thread runs
+trace.get_tracer_provider().force_flush()
+sys.stdout.flush()
+child = os.fork()
+if child == 0:  # as a pre-forking server's worker would
+    agent.name = "child"
+    asyncio.run(asyncio.wait_for(agent.ainvoke("hello"), 5))
+    trace.get_tracer_provider().force_flush()
+    sys.stdout.flush()
+    os._exit(0)
+os.waitpid(child, 0)
+"""
+
+
+def test_a_forked_process_exports_its_own_runs_spans():
+    done = run_python(FORKED, OTEL_TRACES_EXPORTER="console")
+    exported = [json.loads(block) for block in re.findall(r"^\{.*?^\}", done.stdout, re.S | re.M)]
+    assert sorted(s["name"] for s in exported) == ["chat scripted", "chat scripted", "invoke_agent child",
+                                                   "invoke_agent forked"]
+
+
 async def test_a_run_picked_up_by_another_runtime_continues_the_trace_it_was_queued_in(spans, tmp_path):
     provider = spans_provider(spans)
     configure_tracing(provider)

@@ -36,7 +36,6 @@ logger = logging.getLogger("backchannel")
 
 _HANDOVER_WAIT = 10.0  # seconds a run's end waits for its spans to be made (a processor that blocks, at worst)
 _EXIT_WAIT = 2.0  # seconds an exiting process waits for the spans still to be made
-_making = threading.RLock()  # a span is made once: by the thread that needs it first (re-entered: its parent's)
 
 
 class DeferredSpan(trace.Span):
@@ -58,7 +57,7 @@ class DeferredSpan(trace.Span):
 
     def started(self) -> trace.Span:
         """The SDK's span, started now (back at the time the work started) if it was not yet."""
-        with _making:
+        with _maker.making:
             if self._span is None:
                 self._span = self._tracer.start_span(self.name, context=self._parent, kind=self._kind,
                                                      attributes=self._attributes, start_time=self._start)
@@ -76,7 +75,7 @@ class DeferredSpan(trace.Span):
         """Make the SDK's span (in one go unless it was started) and end it as the work did."""
         assert self._outcome is not None
         attributes, status, exception = self._outcome
-        with _making:
+        with _maker.making:
             span = self._span
             if span is None:
                 self._attributes.update(attributes)
@@ -136,11 +135,13 @@ class _SpanMaker:
         self._queue: queue.SimpleQueue[DeferredSpan | Callable[[], object]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._starting = threading.Lock()
+        # A span is made once, by the thread that needs it first (re-entered: making a span may start its parent).
+        self.making = threading.RLock()
 
     def put(self, span: DeferredSpan) -> None:
         if self._thread is None:
             self._start()
-        self._queue.put(span)  # no lock of ours: the maker's thread never holds the step up
+        self._queue.put(span)  # no lock on the step's way
 
     async def made(self) -> None:
         """Once the spans handed over so far reached the tracer's processors (the event loop goes on meanwhile)."""
@@ -164,6 +165,8 @@ class _SpanMaker:
 
     def _drain(self) -> None:
         """Make what was handed over, before the process exits (a run cancelled does not wait for its spans)."""
+        if self._thread is None:  # a forked process that made none
+            return
         reached = threading.Event()
         self._queue.put(reached.set)
         reached.wait(_EXIT_WAIT)
