@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -38,6 +39,9 @@ from backchannel.config import resolve_model
 from backchannel.errors import BackchannelError
 from backchannel.messages import text_of
 from backchannel.usage import describe_usage
+
+if TYPE_CHECKING:
+    from backchannel.runtime.retention import StoreTTLConfig, ThreadTTLConfig
 
 __all__ = ["main", "resolve_model"]
 
@@ -273,6 +277,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-concurrency", type=int, default=256, metavar="N",
                        help="runs executing at once in this process; more wait in the queue (each live run "
                             "streaming a model's tokens holds about 30 KiB)")
+    serve.add_argument("--checkpointer-ttl", default=None, metavar="JSON",
+                       help="threads' retention, as LangGraph's checkpointer.ttl: '{\"strategy\": \"delete\" or "
+                            "\"keep_latest\", \"default_ttl\": minutes, \"sweep_interval_minutes\": 5}'")
+    serve.add_argument("--store-ttl", default=None, metavar="JSON",
+                       help="store items' retention, as LangGraph's store.ttl: '{\"default_ttl\": minutes, "
+                            "\"refresh_on_read\": true, \"sweep_interval_minutes\": 5}'")
     return parser
 
 
@@ -280,6 +290,11 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     from backchannel.server import import_agents, serve
     from backchannel.server.serving import is_loopback
 
+    try:
+        thread_ttl, store_ttl = _ttl_settings(args)
+    except (ValueError, BackchannelError) as exc:
+        console.print(f"[red]bad retention setting:[/] {escape(str(exc))}")
+        return 2
     if not is_loopback(args.host) and not args.api_key and not args.no_auth:
         console.print(f"[red]refusing to serve {args.host} without an API key:[/] pass --api-key (or set "
                       "BACKCHANNEL_API_KEY), or --no-auth if the network is trusted")
@@ -310,8 +325,24 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     serve(agents, host=args.host, port=args.port, database=args.database, api_key=args.api_key,
           public_url=args.public_url, grace=args.grace, lease=args.lease, demo_page=demo_page,
           cors_origins=_names(args.cors_origins), allowed_hosts=_names(args.allowed_hosts),
-          client_timeout=args.client_timeout, max_concurrency=args.max_concurrency)
+          client_timeout=args.client_timeout, max_concurrency=args.max_concurrency, thread_ttl=thread_ttl,
+          store_ttl=store_ttl)
     return 0
+
+
+def _ttl_settings(args: argparse.Namespace) -> tuple[ThreadTTLConfig | None, StoreTTLConfig | None]:
+    """``--checkpointer-ttl`` and ``--store-ttl`` (JSON objects, as in langgraph.json)."""
+    from backchannel.runtime.retention import StoreTTLConfig, ThreadTTLConfig
+
+    def parsed(option: str | None, name: str) -> Any:
+        try:
+            return json.loads(option) if option else None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name} is not JSON: {exc}") from None
+
+    threads, store = parsed(args.checkpointer_ttl, "--checkpointer-ttl"), parsed(args.store_ttl, "--store-ttl")
+    return (ThreadTTLConfig.from_mapping(threads) if threads is not None else None,
+            StoreTTLConfig.from_mapping(store) if store is not None else None)
 
 
 def _names(option: str | None) -> list[str] | None:

@@ -80,6 +80,9 @@ class ThreadsAPI(Protocol):
 
     async def delete(self, thread_id: str, *, headers: Headers = None, params: Params = None) -> None: ...
 
+    async def prune(self, thread_ids: Sequence[str], *, strategy: str = "delete", headers: Headers = None,
+                    params: Params = None) -> dict[str, Any]: ...
+
     async def search(self, *, metadata: Mapping[str, Any] | None = None, values: Mapping[str, Any] | None = None,
                      ids: Sequence[str] | None = None, status: str | None = None, limit: int = 10, offset: int = 0,
                      sort_by: str | None = None, sort_order: str | None = None, select: Sequence[str] | None = None,

@@ -48,10 +48,10 @@ async def test_langgraph_options_it_cannot_honour_are_refused_by_name(rt):
         rt.runs.stream(tid, "agent", input=user("hi"), feedback_keys=["score"])
     with pytest.raises(InvalidRequestError, match="durability"):
         await rt.runs.create(tid, "agent", input=user("hi"), durability="sometimes")
+    with pytest.raises(InvalidRequestError, match="ttl"):  # a TTL is honoured (test_retention), a bad one refused
+        await rt.threads.create(ttl=0)
     with pytest.raises(InvalidRequestError, match="ttl"):
-        await rt.threads.create(ttl=60)
-    with pytest.raises(InvalidRequestError, match="ttl"):
-        await rt.store.put_item(["ns"], key="k", value={}, ttl=5)
+        await rt.store.put_item(["ns"], key="k", value={}, ttl=-5)
     with pytest.raises(InvalidRequestError, match="on_disconnect"):
         await rt.runs.wait(tid, "agent", input=user("hi"), on_disconnect="later")
     assert await rt.runs.list(tid) == []

@@ -20,7 +20,8 @@ __all__ = ["CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "LazyDelta
            "thread_row", "thread_values"]
 
 SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
-THREAD_TABLES = ("runs", "run_spans", "checkpoints", "pending_writes", "inbox", "crons")  # what else a thread owns
+THREAD_TABLES = ("runs", "run_spans", "checkpoints", "pending_writes", "inbox", "crons",  # what else a thread owns
+                 "thread_ttl")
 # What SQL sorts threads by for each sortable name: a column, or when the state last changed (the
 # newest checkpoint's time; the thread's own for a thread without one).
 THREAD_SORT_SQL = {"state_updated_at": "coalesce((SELECT c.created_at FROM checkpoints c WHERE c.thread_id = "

@@ -93,6 +93,21 @@ class Checkpointer:
         """Drop the cached state (after a rollback or delete rewrote history)."""
         self._latest.pop(thread_id, None)
 
+    async def keep_latest(self, thread_id: str, reducers: Mapping[str, Reducer]) -> bool:
+        """Drop every checkpoint of the thread but its newest, rewritten to hold the whole state (so the thread
+        reads and continues as before). ``False`` when it has none, when a run of the thread is pending or running,
+        or when a step was written meanwhile."""
+        head = await self.storage.head_checkpoint(thread_id)
+        if head is None:
+            return False
+        state = await self.at(thread_id, head.checkpoint_id, reducers)
+        whole = CheckpointRow(thread_id, head.checkpoint_id, None, head.seq, head.run_id, snapshot(state.values),
+                              head.next, head.metadata, head.created_at)
+        if not await self.storage.keep_only_checkpoint(whole):
+            return False
+        self.forget(thread_id)
+        return True
+
     async def write(self, thread_id: str, state: ThreadState, update: Mapping[str, Any], *, next_stage: str,
                     source: str, run_id: str | None, step: int, reducers: Mapping[str, Reducer],
                     apply: bool = True, claim: RunClaim | None = None) -> CheckpointRow:

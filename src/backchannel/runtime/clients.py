@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, TypedDict, TypeVar, Unpack, get_args
 
 from backchannel._clock import now_iso
@@ -42,6 +42,7 @@ from backchannel.runtime.mail import Mail
 from backchannel.runtime.modes import wants_values
 from backchannel.runtime.queue import NewRun, RunQueue
 from backchannel.runtime.registry import Registry
+from backchannel.runtime.retention import Retention, check_strategy, thread_ttl
 from backchannel.runtime.rows import (
     ACTIVE,
     CRON_SORT,
@@ -170,8 +171,9 @@ class ThreadsClient:
     """Threads: conversations with their state, history and metadata."""
 
     def __init__(self, open: Opener, storage: Storage, checkpoints: Checkpointer, registry: Registry,
-                 queue: RunQueue, follower: Follower) -> None:
+                 queue: RunQueue, follower: Follower, retention: Retention) -> None:
         self._open = open
+        self._retention = retention
         self._follower = follower
         self._storage = storage
         self._checkpoints = checkpoints
@@ -182,7 +184,8 @@ class ThreadsClient:
                      if_exists: str | None = None, supersteps: Sequence[Any] | None = None,
                      graph_id: str | None = None, ttl: int | Mapping[str, Any] | None = None,
                      headers: Headers = None, params: Params = None) -> dict[str, Any]:
-        _refuse(supersteps=supersteps, ttl=ttl)
+        _refuse(supersteps=supersteps)
+        lifetime = thread_ttl(ttl) if ttl is not None else None
         await self._open()
         thread_id = thread_id or str(uuid.uuid4())
         meta = dict(metadata or {})
@@ -194,12 +197,24 @@ class ThreadsClient:
             if (if_exists or "raise") == "do_nothing":
                 return await self.get(thread_id)
             raise ConflictError(f"Thread with ID {thread_id} already exists")
+        if lifetime is not None:
+            await self._storage.set_thread_ttl(thread_id, lifetime)
         return render_thread(row, None, None)  # a new thread has no state to read
 
     async def get(self, thread_id: str, *, include: Sequence[str] | None = None, headers: Headers = None,
                   params: Params = None) -> dict[str, Any]:
-        _refuse(include=include)
-        return await self._render(await self.row(thread_id))
+        unknown = sorted(set(include or ()) - {"ttl"})
+        if unknown:
+            raise InvalidRequestError(f"cannot include {unknown[0]!r:.80} in a thread; only 'ttl'")
+        row = await self.row(thread_id)
+        thread = await self._render(row)
+        if include and "ttl" in include:
+            ttl = await self._storage.thread_ttl(thread_id) or self._retention.threads.default
+            if ttl is not None:
+                thread["ttl"] = {"strategy": ttl.strategy, "ttl_minutes": ttl.minutes,
+                                 "expires_at": (datetime.fromisoformat(row.updated_at)
+                                                + timedelta(minutes=ttl.minutes)).isoformat()}
+        return thread
 
     async def row(self, thread_id: str) -> ThreadRow:
         """The thread's row; :class:`NotFoundError` if there is none."""
@@ -211,11 +226,14 @@ class ThreadsClient:
 
     async def update(self, thread_id: str, *, metadata: Mapping[str, Any], ttl: int | Mapping[str, Any] | None = None,
                      return_minimal: bool = False, headers: Headers = None, params: Params = None) -> dict[str, Any]:
-        _refuse(ttl=ttl, return_minimal=return_minimal)
+        _refuse(return_minimal=return_minimal)
+        lifetime = thread_ttl(ttl) if ttl is not None else None
         row = await self.row(thread_id)
         row.metadata = {**row.metadata, **metadata}
         row.updated_at = now_iso()
         await self._storage.update_thread(thread_id, metadata=row.metadata, updated_at=row.updated_at)
+        if lifetime is not None:
+            await self._storage.set_thread_ttl(thread_id, lifetime)
         return await self._render(row)
 
     async def delete(self, thread_id: str, *, headers: Headers = None, params: Params = None) -> None:
@@ -223,6 +241,17 @@ class ThreadsClient:
         for run in await self._storage.active_runs(thread_id):
             await self._queue.cancel(run, "interrupt", wait=True)
         await self._queue.drop_thread(thread_id)
+
+    async def prune(self, thread_ids: Sequence[str], *, strategy: str = "delete", headers: Headers = None,
+                    params: Params = None) -> dict[str, Any]:
+        """Delete threads (``delete``), or drop all but their newest checkpoint (``keep_latest``: the thread stays,
+        as it reads now, and takes new runs). A thread with a run pending or running is left as it is, and so is
+        a missing one; ``pruned_count`` counts the others."""
+        checked = check_strategy(strategy)
+        if isinstance(thread_ids, str) or not all(isinstance(t, str) for t in thread_ids):
+            raise InvalidRequestError("thread_ids must be a list of thread ids")
+        await self._open()
+        return {"pruned_count": await self._retention.prune(thread_ids, checked)}
 
     async def search(self, *, metadata: Mapping[str, Any] | None = None, values: Mapping[str, Any] | None = None,
                      ids: Sequence[str] | None = None, status: str | None = None, limit: int = 10, offset: int = 0,
@@ -327,7 +356,10 @@ class ThreadsClient:
         history = []
         reducers = self._registry.reducers_for(row)
         for found_row in rows[:limit]:
-            state = await self._checkpoints.at(thread_id, found_row.checkpoint_id, reducers)
+            try:
+                state = await self._checkpoints.at(thread_id, found_row.checkpoint_id, reducers)
+            except NotFoundError:  # pruned since it was listed (keep_latest): history without it
+                continue
             history.append(self._render_state(row, state.values, found_row))
         return selected(history, select, STATE_FIELDS, "state")
 
@@ -762,22 +794,34 @@ class CronsClient:
 class StoreClient:
     """A key-value store shared by all threads, addressed by namespace tuples."""
 
-    def __init__(self, open: Opener, storage: Storage) -> None:
+    def __init__(self, open: Opener, storage: Storage, retention: Retention) -> None:
         self._open = open
         self._storage = storage
+        self._retention = retention
 
     async def put_item(self, namespace: Sequence[str], /, key: str, value: Mapping[str, Any],
-                       index: bool | Sequence[str] | None = None, ttl: int | None = None,
+                       index: bool | Sequence[str] | None = None, ttl: float | None = None,
                        headers: Headers = None, params: Params = None) -> None:
-        """Store ``value`` under ``key`` (no item is indexed for semantic search here, whatever ``index`` says)."""
-        _refuse(ttl=ttl)
+        """Store ``value`` under ``key`` (no item is indexed for semantic search here, whatever ``index`` says).
+
+        With ``ttl`` (minutes; default: the store's ``default_ttl``), the item expires that long after it was
+        written or last read with ``refresh_ttl``, and is then gone from reads and swept."""
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < 1e12):
+            raise InvalidRequestError(f"ttl must be a positive number of minutes, not {ttl!r:.80}")
         await self._open()
-        await self._storage.put_item(check_namespace(namespace), key, dict(value), now_iso())
+        await self._storage.put_item(check_namespace(namespace), key, dict(value), self._retention.clock(),
+                                     ttl=ttl if ttl is not None else self._retention.store.default_ttl)
+
+    def _refresh(self, refresh_ttl: bool | None) -> bool:
+        return self._retention.store.refresh_on_read if refresh_ttl is None else bool(refresh_ttl)
 
     async def get_item(self, namespace: Sequence[str], /, key: str, *, refresh_ttl: bool | None = None,
                        headers: Headers = None, params: Params = None) -> dict[str, Any] | None:
+        """The item, or ``None`` (expired ones too); ``refresh_ttl`` (default: the store's ``refresh_on_read``)
+        starts its time to live again."""
         await self._open()
-        found = await self._storage.get_item(check_namespace(namespace), key)
+        found = await self._storage.get_item(check_namespace(namespace), key, now=self._retention.clock(),
+                                             refresh=self._refresh(refresh_ttl))
         return render_item(found) if found else None
 
     async def delete_item(self, namespace: Sequence[str], /, key: str, headers: Headers = None,
@@ -791,7 +835,8 @@ class StoreClient:
                            params: Params = None) -> dict[str, Any]:
         await self._open()
         rows = await self._storage.search_items(check_namespace(namespace_prefix, allow_empty=True),
-                                                filter=dict(filter or {}), limit=limit, offset=offset)
+                                                filter=dict(filter or {}), limit=limit, offset=offset,
+                                                now=self._retention.clock(), refresh=self._refresh(refresh_ttl))
         return {"items": [{**render_item(r), "score": None} for r in rows]}
 
     async def list_namespaces(self, prefix: Sequence[str] | None = None, suffix: Sequence[str] | None = None,

@@ -18,9 +18,10 @@ This module only puts the runtime together: each job is a part of its own
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from backchannel._clock import now_iso
 from backchannel._ids import assistant_id_for, new_id
 from backchannel.agent import Agent
 from backchannel.errors import BackchannelError
@@ -40,6 +41,7 @@ from backchannel.runtime.peers import Peers
 from backchannel.runtime.queue import RunQueue
 from backchannel.runtime.recovery import Recovery
 from backchannel.runtime.registry import Registry
+from backchannel.runtime.retention import Retention, StoreTTLConfig, ThreadTTLConfig
 from backchannel.runtime.rows import CronRow, RunRow
 from backchannel.runtime.scheduler import Scheduler
 from backchannel.runtime.storage import Storage
@@ -62,11 +64,18 @@ class LocalRuntime:
     run, and when one dies (no heartbeat for ``lease`` seconds) the others take
     its runs over from their last checkpoints. A run whose execution keeps killing
     its process ends ``error`` once it was started ``max_attempts`` times.
+
+    ``thread_ttl`` and ``store_ttl`` are the operator's retention defaults (LangGraph's
+    ``checkpointer.ttl`` and ``store.ttl``: a default time to live, a sweep interval); the
+    scheduler sweeps expired threads and store items, measuring time by ``clock``
+    (:mod:`~backchannel.runtime.retention`).
     """
 
     def __init__(self, store: str | Storage = DEFAULT_STORE, agents: Mapping[str, Agent] | None = None, *,
                  max_concurrency: int = 256, heartbeat_interval: float = 5.0, lease: float = 30.0,
-                 public_url: str | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+                 public_url: str | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                 thread_ttl: ThreadTTLConfig | None = None, store_ttl: StoreTTLConfig | None = None,
+                 clock: Callable[[], str] = now_iso) -> None:
         self.storage = open_storage(store)
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
@@ -81,8 +90,11 @@ class LocalRuntime:
         self.registry.register_all(agents or {})
         self.streams = Streams()
         self.peers = Peers(self.worker_id, self.storage, self.streams)
+        self.retention = Retention(self.storage, self.checkpoints, self.registry, threads=thread_ttl, store=store_ttl,
+                                   clock=clock)
         self.scheduler = Scheduler(self.storage, self.streams, self.peers, worker_id=self.worker_id,
-                                   max_concurrency=max_concurrency, execute=self._execute)
+                                   max_concurrency=max_concurrency, execute=self._execute,
+                                   sweep=self.retention.sweep, sweep_interval=self.retention.sweep_interval)
         self.queue = RunQueue(self.storage, self.streams, self.scheduler, self.peers, self.checkpoints,
                               self.registry, worker_id=self.worker_id)
         self.metrics = RunMetrics()
@@ -95,10 +107,11 @@ class LocalRuntime:
                                  heartbeat_interval=heartbeat_interval, lease=lease, served=self.registry.served)
         self.assistants = AssistantsClient(self.registry)
         follower = Follower(self.storage, self.streams)
-        self.threads = ThreadsClient(self.open, self.storage, self.checkpoints, self.registry, self.queue, follower)
+        self.threads = ThreadsClient(self.open, self.storage, self.checkpoints, self.registry, self.queue, follower,
+                                     self.retention)
         self.runs = RunsClient(self.open, self.storage, self.registry, self.streams, self.queue, self.mail,
                                self.threads, follower)
-        self.store = StoreClient(self.open, self.storage)
+        self.store = StoreClient(self.open, self.storage, self.retention)
         self.cron_scheduler = CronScheduler(self.storage, start=self._start_cron_run, served=self.registry.served)
         self.crons = CronsClient(self.open, self.storage, self.registry, self.threads, self.runs,
                                  kick=self.cron_scheduler.kick)
@@ -168,7 +181,8 @@ class LocalRuntime:
         if grace > 0:
             await self.scheduler.wait_executing(grace)
         self._opened = False
-        tasks = [*self._background, *self.scheduler.stop_all(), *self._side_tasks]
+        sweeping = self.scheduler.stop_sweeping()
+        tasks = [*self._background, *self.scheduler.stop_all(), *self._side_tasks, *([sweeping] if sweeping else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

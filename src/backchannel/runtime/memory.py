@@ -22,13 +22,16 @@ from backchannel.runtime.rows import (
     CheckpointRow,
     CronRow,
     ItemRow,
+    PruneStrategy,
     RunClaim,
     RunEnd,
     RunRow,
     RunStatus,
     ThreadRow,
     ThreadStatus,
+    ThreadTTL,
     cron_order,
+    epoch_of,
     thread_order,
 )
 from backchannel.runtime.storage import Storage, pick_claims
@@ -61,6 +64,8 @@ class MemoryStorage(Storage):
         self._pending_writes: dict[str, dict[str, Mapping[str, Any]]] = {}
         self._inbox: dict[str, dict[str, list[Any]]] = {}  # thread -> key -> [message, delivered]
         self._items: dict[tuple[tuple[str, ...], str], ItemRow] = {}
+        self._item_ttl: dict[tuple[tuple[str, ...], str], tuple[float, float]] = {}  # item -> (minutes, expires)
+        self._thread_ttl: dict[str, ThreadTTL] = {}
         self._workers: dict[str, tuple[dict[str, Any], str]] = {}
         self._crons: dict[str, CronRow] = {}
 
@@ -100,11 +105,41 @@ class MemoryStorage(Storage):
     async def delete_thread(self, thread_id: str) -> bool:
         for run_id in list(self._runs_of.get(thread_id, ())):
             await self.delete_run(run_id)
-        for table in (self._runs_of, self._checkpoints, self._checkpoint_by_id, self._pending_writes, self._inbox):
+        for table in (self._runs_of, self._checkpoints, self._checkpoint_by_id, self._pending_writes, self._inbox,
+                      self._thread_ttl):
             table.pop(thread_id, None)
         for cron in [c for c in self._crons.values() if c.thread_id == thread_id]:
             del self._crons[cron.cron_id]
         return self._threads.pop(thread_id, None) is not None
+
+    def _busy(self, thread_id: str) -> bool:
+        return any(self._runs[r].status in ACTIVE for r in self._runs_of.get(thread_id, ()))
+
+    async def delete_idle_thread(self, thread_id: str) -> bool:
+        if thread_id not in self._threads or self._busy(thread_id):
+            return False
+        return await self.delete_thread(thread_id)
+
+    async def set_thread_ttl(self, thread_id: str, ttl: ThreadTTL) -> None:
+        if thread_id in self._threads:
+            self._thread_ttl[thread_id] = ttl
+
+    async def thread_ttl(self, thread_id: str) -> ThreadTTL | None:
+        return self._thread_ttl.get(thread_id)
+
+    async def expired_threads(self, now: str, default: ThreadTTL | None, limit: int) -> list[tuple[str, PruneStrategy]]:
+        found: list[tuple[str, PruneStrategy]] = []
+        at = epoch_of(now)
+        for thread_id, row in self._threads.items():
+            ttl = self._thread_ttl.get(thread_id, default)
+            if ttl is None or epoch_of(row.updated_at) + ttl.minutes * 60 > at or self._busy(thread_id):
+                continue
+            if ttl.strategy == "keep_latest" and len(self._checkpoints.get(thread_id, ())) < 2:
+                continue
+            found.append((thread_id, ttl.strategy))
+            if len(found) == limit:
+                break
+        return found
 
     def _matching_threads(self, metadata: dict[str, Any] | None, status: ThreadStatus | None,
                           ids: Sequence[str] | None = None) -> list[ThreadRow]:
@@ -334,6 +369,15 @@ class MemoryStorage(Storage):
         self._checkpoints[thread_id] = kept
         self._checkpoint_by_id[thread_id] = {r.checkpoint_id: r for r in kept}
 
+    async def keep_only_checkpoint(self, row: CheckpointRow) -> bool:
+        rows = self._checkpoints.get(row.thread_id)
+        if not rows or rows[-1].checkpoint_id != row.checkpoint_id or self._busy(row.thread_id):
+            return False
+        kept = _copy(row)
+        self._checkpoints[row.thread_id] = [kept]
+        self._checkpoint_by_id[row.thread_id] = {kept.checkpoint_id: kept}
+        return True
+
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
         for row in self._checkpoints.get(thread_id, ()):
             await self.put_checkpoint(replace(row, thread_id=new_thread_id))
@@ -374,24 +418,54 @@ class MemoryStorage(Storage):
 
     # -- items
 
-    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
+    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str,
+                       ttl: float | None = None) -> None:
         existing = self._items.get((namespace, key))
         created = existing.created_at if existing else now
         self._items[(namespace, key)] = ItemRow(namespace, key, dict(value), created, now)
+        if ttl is None:
+            self._item_ttl.pop((namespace, key), None)
+        else:
+            self._item_ttl[(namespace, key)] = (ttl, epoch_of(now) + ttl * 60)
 
-    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
+    def _live(self, address: tuple[tuple[str, ...], str], now: str | None, refresh: bool) -> bool:
+        """Whether the item is unexpired at ``now`` (refreshing its time to live if asked)."""
+        ttl = self._item_ttl.get(address)
+        if ttl is None or now is None:
+            return True
+        at = epoch_of(now)
+        if ttl[1] <= at:
+            return False
+        if refresh:
+            self._item_ttl[address] = (ttl[0], at + ttl[0] * 60)
+        return True
+
+    async def get_item(self, namespace: tuple[str, ...], key: str, *, now: str | None = None,
+                       refresh: bool = False) -> ItemRow | None:
         row = self._items.get((namespace, key))
-        return _copy(row) if row else None
+        return _copy(row) if row and self._live((namespace, key), now, refresh) else None
 
     async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
         self._items.pop((namespace, key), None)
+        self._item_ttl.pop((namespace, key), None)
 
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
-                           limit: int = 10, offset: int = 0) -> list[ItemRow]:
-        rows = [r for (ns, _), r in self._items.items() if ns[: len(prefix)] == prefix
-                and all(r.value.get(k) == v for k, v in (filter or {}).items())]
+                           limit: int = 10, offset: int = 0, now: str | None = None,
+                           refresh: bool = False) -> list[ItemRow]:
+        rows = [r for (ns, key), r in self._items.items() if ns[: len(prefix)] == prefix
+                and all(r.value.get(k) == v for k, v in (filter or {}).items()) and self._live((ns, key), now, False)]
         rows.sort(key=lambda r: r.updated_at, reverse=True)
-        return [_copy(r) for r in rows[offset: offset + limit]]
+        found = rows[offset: offset + limit]
+        for row in found:
+            self._live((row.namespace, row.key), now, refresh)
+        return [_copy(r) for r in found]
+
+    async def delete_expired_items(self, now: str) -> int:
+        at = epoch_of(now)
+        expired = [address for address, (_, expires) in self._item_ttl.items() if expires <= at]
+        for address in expired:
+            await self.delete_item(*address)
+        return len(expired)
 
     async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),
                               max_depth: int | None = None, limit: int = 100,

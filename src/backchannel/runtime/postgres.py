@@ -59,13 +59,16 @@ from backchannel.runtime.rows import (
     CheckpointRow,
     CronRow,
     ItemRow,
+    PruneStrategy,
     RunClaim,
     RunEnd,
     RunRow,
     RunStatus,
     ThreadRow,
     ThreadStatus,
+    ThreadTTL,
     cron_order,
+    epoch_of,
     thread_order,
 )
 from backchannel.runtime.storage import MISSED, Coordinator, Storage
@@ -136,6 +139,12 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX crons_due ON crons(next_run_date) WHERE enabled",
         "CREATE INDEX crons_by_thread ON crons(thread_id)",
     ),
+    (  # retention: threads' own times to live, and store items' (in minutes; expiry in epoch seconds)
+        "CREATE TABLE thread_ttl (thread_id TEXT PRIMARY KEY, strategy TEXT NOT NULL, "
+        "minutes DOUBLE PRECISION NOT NULL)",
+        "ALTER TABLE items ADD COLUMN ttl_minutes DOUBLE PRECISION, ADD COLUMN expires_at DOUBLE PRECISION",
+        "CREATE INDEX items_expiring ON items(expires_at) WHERE expires_at IS NOT NULL",
+    ),
 )
 
 _THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, interrupts, error"
@@ -146,7 +155,8 @@ _RUN_COLUMNS = ("run_id, thread_id, assistant_id, created_at, updated_at, status
 # the write commits; a take-over that committed first makes it empty.
 _HELD = "SELECT 1 FROM runs WHERE run_id = %s AND claim = %s AND status = 'running' FOR SHARE"
 _CHECKPOINT_COLUMNS = "thread_id, seq, checkpoint_id, parent_id, run_id, delta, next, metadata, created_at"
-_ITEM_COLUMNS = "namespace, key, value::text, created_at, updated_at"
+_ITEM_COLUMNS = "namespace, key, value::text, created_at, updated_at, ttl_minutes"
+_ACTIVE_RUN = "SELECT 1 FROM runs WHERE thread_id = %s AND status IN ('pending', 'running')"
 
 # Keys of the advisory locks (the first of their two int4 keys): who migrates, who claims a thread or key.
 _MIGRATION_LOCK = 0x6263_0001
@@ -276,6 +286,49 @@ class PostgresStorage(Storage):
             for table in THREAD_TABLES:
                 await conn.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread_id,))
         return bool(deleted)
+
+    async def delete_idle_thread(self, thread_id: str) -> bool:
+        return await _whole(self._delete_idle_thread(thread_id))
+
+    async def _delete_idle_thread(self, thread_id: str) -> bool:
+        async with self.pool.connection() as conn, conn.transaction():
+            if not await self._lock_idle_thread(conn, thread_id):
+                return False
+            await conn.execute("DELETE FROM threads WHERE thread_id = %s", (thread_id,))
+            for table in THREAD_TABLES:
+                await conn.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread_id,))
+        return True
+
+    @staticmethod
+    async def _lock_idle_thread(conn: AsyncConnection[Any], thread_id: str) -> bool:
+        """Lock the thread's row (a run queued on it waits for the transaction) and say whether it exists with no
+        pending or running run; the second statement sees runs committed while the lock was awaited."""
+        if await (await conn.execute("SELECT 1 FROM threads WHERE thread_id = %s FOR UPDATE",
+                                     (thread_id,))).fetchone() is None:
+            return False
+        return await (await conn.execute(_ACTIVE_RUN, (thread_id,))).fetchone() is None
+
+    async def set_thread_ttl(self, thread_id: str, ttl: ThreadTTL) -> None:
+        await self._write("INSERT INTO thread_ttl SELECT thread_id, %s, %s FROM threads WHERE thread_id = %s "
+                          "ON CONFLICT (thread_id) DO UPDATE SET strategy = excluded.strategy, "
+                          "minutes = excluded.minutes", (ttl.strategy, ttl.minutes, thread_id))
+
+    async def thread_ttl(self, thread_id: str) -> ThreadTTL | None:
+        found = await self._one("SELECT strategy, minutes FROM thread_ttl WHERE thread_id = %s", (thread_id,))
+        return ThreadTTL(found[0], found[1]) if found else None
+
+    async def expired_threads(self, now: str, default: ThreadTTL | None, limit: int) -> list[tuple[str, PruneStrategy]]:
+        strategy, minutes = default or (None, None)
+        rows = await self._fetch(
+            "SELECT t.thread_id, coalesce(x.strategy, %(strategy)s) FROM threads t "
+            "LEFT JOIN thread_ttl x ON x.thread_id = t.thread_id "
+            "WHERE extract(epoch FROM t.updated_at::timestamptz) + coalesce(x.minutes, %(minutes)s) * 60 <= %(now)s "
+            "AND t.status <> 'busy' "
+            f"AND NOT EXISTS ({_ACTIVE_RUN.replace('%s', 't.thread_id')}) "
+            "AND (coalesce(x.strategy, %(strategy)s) = 'delete' "
+            "     OR EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t.thread_id AND c.parent_id IS NOT NULL)) "
+            "LIMIT %(limit)s", {"strategy": strategy, "minutes": minutes, "now": epoch_of(now), "limit": limit}, "all")
+        return [(thread_id, found) for thread_id, found in rows]
 
     def _thread_filter(self, metadata: dict[str, Any] | None, status: ThreadStatus | None,
                        ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
@@ -531,6 +584,22 @@ class PostgresStorage(Storage):
     async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
         await self._write("DELETE FROM checkpoints WHERE thread_id = %s AND run_id = %s", (thread_id, run_id))
 
+    async def keep_only_checkpoint(self, row: CheckpointRow) -> bool:
+        return await _whole(self._keep_only_checkpoint(row))
+
+    async def _keep_only_checkpoint(self, row: CheckpointRow) -> bool:
+        async with self.pool.connection() as conn, conn.transaction():
+            if not await self._lock_idle_thread(conn, row.thread_id):
+                return False
+            head = await (await conn.execute("SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s "
+                                             "ORDER BY seq DESC LIMIT 1", (row.thread_id,))).fetchone()
+            if head is None or head[0] != row.checkpoint_id:
+                return False
+            await conn.execute("DELETE FROM checkpoints WHERE thread_id = %s", (row.thread_id,))
+            await conn.execute(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES ({', '.join(['%s'] * 9)})",
+                               checkpoint_values(row))
+        return True
+
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
         await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT %s, seq, checkpoint_id, "
                           "parent_id, run_id, delta, next, metadata, created_at FROM checkpoints WHERE thread_id = %s",
@@ -590,21 +659,41 @@ class PostgresStorage(Storage):
 
     # -- items
 
-    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
-        await self._write("INSERT INTO items VALUES (%s, %s, %s::jsonb, %s, %s) ON CONFLICT (namespace, key) "
-                          "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-                          (SEP.join(namespace), key, dump(value), now, now))
+    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str,
+                       ttl: float | None = None) -> None:
+        expires = epoch_of(now) + ttl * 60 if ttl is not None else None
+        await self._write("INSERT INTO items (namespace, key, value, created_at, updated_at, ttl_minutes, expires_at) "
+                          "VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s) ON CONFLICT (namespace, key) "
+                          "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at, "
+                          "ttl_minutes = excluded.ttl_minutes, expires_at = excluded.expires_at",
+                          (SEP.join(namespace), key, dump(value), now, now, ttl, expires))
 
-    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
-        found = await self._one(f"SELECT {_ITEM_COLUMNS} FROM items WHERE namespace = %s AND key = %s",
-                                (SEP.join(namespace), key))
-        return item_row(found) if found else None
+    async def get_item(self, namespace: tuple[str, ...], key: str, *, now: str | None = None,
+                       refresh: bool = False) -> ItemRow | None:
+        rows = await self._items("namespace = %s AND key = %s", [SEP.join(namespace), key], "", now, refresh)
+        return rows[0] if rows else None
+
+    async def _items(self, where: str, params: list[Any], tail: str, now: str | None, refresh: bool) -> list[ItemRow]:
+        """Items matching ``where`` (then ``tail``: order, limit); with ``now``, unexpired ones only, and with
+        ``refresh`` their time to live started again at ``now`` in the same statement."""
+        if now is None:
+            rows = await self._all(f"SELECT {_ITEM_COLUMNS} FROM items WHERE {where} {tail}", params)
+            return [item_row(r) for r in rows]
+        at = epoch_of(now)
+        found = f"SELECT {_ITEM_COLUMNS} FROM items WHERE {where} AND (expires_at IS NULL OR expires_at > %s) {tail}"
+        if not refresh:
+            return [item_row(r) for r in await self._all(found, [*params, at])]
+        rows = await self._all(f"WITH found AS ({found}), touched AS (UPDATE items i SET expires_at = %s + "
+                               "i.ttl_minutes * 60 FROM found f WHERE i.namespace = f.namespace AND i.key = f.key "
+                               "AND i.ttl_minutes IS NOT NULL) SELECT * FROM found", [*params, at, at])
+        return [item_row(r) for r in rows]
 
     async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
         await self._write("DELETE FROM items WHERE namespace = %s AND key = %s", (SEP.join(namespace), key))
 
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
-                           limit: int = 10, offset: int = 0) -> list[ItemRow]:
+                           limit: int = 10, offset: int = 0, now: str | None = None,
+                           refresh: bool = False) -> list[ItemRow]:
         clauses: list[str] = ["TRUE"]
         params: list[Any] = []
         if prefix:
@@ -614,9 +703,11 @@ class PostgresStorage(Storage):
         for key, value in (filter or {}).items():
             clauses.append(_json_equals("value"))
             params += [key, dump(value)]
-        rows = await self._all(f"SELECT {_ITEM_COLUMNS} FROM items WHERE {' AND '.join(clauses)} "
-                               "ORDER BY updated_at DESC, namespace, key LIMIT %s OFFSET %s", (*params, limit, offset))
-        return [item_row(r) for r in rows]
+        return await self._items(" AND ".join(clauses), [*params], "ORDER BY updated_at DESC, namespace, key "
+                                 f"LIMIT {int(limit)} OFFSET {int(offset)}", now, refresh)
+
+    async def delete_expired_items(self, now: str) -> int:
+        return await self._write("DELETE FROM items WHERE expires_at <= %s", (epoch_of(now),))
 
     async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),
                               max_depth: int | None = None, limit: int = 100,

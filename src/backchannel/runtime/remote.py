@@ -213,6 +213,12 @@ class RemoteThreads:
     async def delete(self, thread_id: str, *, headers: Headers = None, params: Params = None) -> None:
         await self._http.request("DELETE", f"/threads/{_q(thread_id)}", headers=headers, params=params)
 
+    async def prune(self, thread_ids: Sequence[str], *, strategy: str = "delete", headers: Headers = None,
+                    params: Params = None) -> dict[str, Any]:
+        return await self._http.request("POST", "/threads/prune", json={"thread_ids": list(thread_ids),
+                                                                       "strategy": strategy},
+                                        headers=headers, params=params)
+
     async def search(self, *, metadata: Mapping[str, Any] | None = None, values: Mapping[str, Any] | None = None,
                      ids: Sequence[str] | None = None, status: str | None = None, limit: int = 10, offset: int = 0,
                      sort_by: str | None = None, sort_order: str | None = None, select: Sequence[str] | None = None,
@@ -400,9 +406,9 @@ def _merged(params: Params, **given: Any) -> dict[str, Any]:
     return {**(params or {}), **_given(**given)}
 
 
-def _ttl(ttl: int | Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """A TTL as the API takes it: minutes alone mean ``{"ttl": minutes}``."""
-    return {"ttl": ttl} if isinstance(ttl, int) else ttl
+def _ttl(ttl: float | Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A TTL as the API takes it: minutes alone mean ``{"ttl": minutes, "strategy": "delete"}``."""
+    return {"ttl": ttl, "strategy": "delete"} if isinstance(ttl, int | float) else ttl
 
 
 def _callback(options: RunOptions) -> Callable[[Any], None]:

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, NamedTuple, get_args
 
-__all__ = ["ACTIVE", "CRON_SORT", "TERMINAL", "CancelAction", "CheckpointRow", "CronRow", "ItemRow", "RunClaim",
-           "RunEnd", "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "cron_order", "thread_order"]
+__all__ = ["ACTIVE", "CRON_SORT", "TERMINAL", "CancelAction", "CheckpointRow", "CronRow", "ItemRow", "PruneStrategy",
+           "RunClaim", "RunEnd", "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL", "cron_order",
+           "epoch_of", "thread_order"]
 
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 # A run's own "interrupted" means it was cancelled; a run that paused for a human succeeded (its thread waits).
 RunStatus = Literal["pending", "running", "success", "error", "timeout", "interrupted"]
 CancelAction = Literal["interrupt", "rollback"]  # keep the cancelled run's finished steps, or delete the run
+# What pruning (or a thread's TTL running out) does: delete the thread, or keep it with its newest checkpoint only.
+PruneStrategy = Literal["delete", "keep_latest"]
 
 ACTIVE: tuple[RunStatus, ...] = ("pending", "running")  # a thread with such a run is busy
 TERMINAL: frozenset[RunStatus] = frozenset(get_args(RunStatus)) - frozenset(ACTIVE)
@@ -32,6 +36,13 @@ class ThreadRow:
     status: ThreadStatus = "idle"
     interrupts: list[dict[str, Any]] = field(default_factory=list)
     error: dict[str, Any] | None = None
+
+
+class ThreadTTL(NamedTuple):
+    """A thread's time to live: ``minutes`` after its last update (a run, a change), ``strategy`` applies."""
+
+    strategy: PruneStrategy
+    minutes: float
 
 
 @dataclass(slots=True)
@@ -126,6 +137,11 @@ class CronRow:
     next_run_date: str  # the next tick, UTC ISO 8601 (fixed width: ticks compare as text)
     created_at: str
     updated_at: str
+
+
+def epoch_of(timestamp: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time as rows store them (expiry is computed in seconds)."""
+    return datetime.fromisoformat(timestamp).timestamp()
 
 
 _THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at", "state_updated_at"})

@@ -5,7 +5,8 @@ claim rule). The scheduler wakes when kicked (a run was queued here, or one
 ended, or another process freed a thread) and every quarter second (for runs whose
 ``after_seconds`` passed). It owns the tasks of the runs executing here; what a
 run does is the executor's (:mod:`backchannel.runtime.executor`), handed in as
-``execute``.
+``execute``. Every ``sweep_interval`` seconds it also starts ``sweep`` (retention's:
+expired threads and store items), beside the runs, never delaying them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -37,7 +39,8 @@ class Scheduler:
 
     def __init__(self, storage: RunStorage, streams: Streams, peers: Peers, *, worker_id: str,
                  max_concurrency: int,
-                 execute: Callable[[RunRow, RunStream], Coroutine[Any, Any, None]]) -> None:
+                 execute: Callable[[RunRow, RunStream], Coroutine[Any, Any, None]],
+                 sweep: Callable[[], Coroutine[Any, Any, object]] | None = None, sweep_interval: float = 300.0) -> None:
         self.storage = storage
         self.streams = streams
         self.peers = peers
@@ -53,6 +56,10 @@ class Scheduler:
         # Runs whose database went away as they executed here: they start again once it answers.
         self._stranded: dict[str, RunRow] = {}
         self._wake = asyncio.Event()
+        self._sweep = sweep
+        self.sweep_interval = sweep_interval
+        self._swept_at = time.monotonic()
+        self._sweeping: asyncio.Task[None] | None = None
 
     # -- what the other parts tell it
 
@@ -133,6 +140,7 @@ class Scheduler:
         pause = _TICK
         while True:
             self._wake.clear()
+            self._sweep_if_due()
             try:
                 await self._restart_stranded()
                 free = self.max_concurrency - len(self._tasks)
@@ -150,6 +158,28 @@ class Scheduler:
                 await self._wake.wait()
             finally:
                 timer.cancel()
+
+    def _sweep_if_due(self) -> None:
+        if self._sweep is None or (self._sweeping is not None and not self._sweeping.done()):
+            return
+        if time.monotonic() - self._swept_at >= self.sweep_interval:
+            self._swept_at = time.monotonic()
+            self._sweeping = asyncio.create_task(self._run_sweep(self._sweep))
+
+    async def _run_sweep(self, sweep: Callable[[], Coroutine[Any, Any, object]]) -> None:
+        try:
+            await sweep()
+        except StorageUnavailableError as exc:  # the next sweep will do
+            logger.debug("cannot sweep: %s", exc)
+        except Exception:
+            logger.exception("the retention sweep failed")
+
+    def stop_sweeping(self) -> asyncio.Task[None] | None:
+        """Cancel a sweep under way (the runtime closes); returns its task."""
+        task, self._sweeping = self._sweeping, None
+        if task is not None:
+            task.cancel()
+        return task
 
     async def _restart_stranded(self) -> None:
         for run_id, row in list(self._stranded.items()):

@@ -62,13 +62,16 @@ from backchannel.runtime.rows import (
     CheckpointRow,
     CronRow,
     ItemRow,
+    PruneStrategy,
     RunClaim,
     RunEnd,
     RunRow,
     RunStatus,
     ThreadRow,
     ThreadStatus,
+    ThreadTTL,
     cron_order,
+    epoch_of,
     thread_order,
 )
 from backchannel.runtime.storage import Storage, pick_claims
@@ -151,7 +154,17 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX crons_due ON crons(next_run_date) WHERE enabled",
         "CREATE INDEX crons_by_thread ON crons(thread_id)",
     ),
+    (
+        # Retention: threads' own times to live, and store items' (in minutes; expiry in epoch seconds).
+        "CREATE TABLE thread_ttl (thread_id TEXT PRIMARY KEY, strategy TEXT NOT NULL, minutes REAL NOT NULL)",
+        "ALTER TABLE items ADD COLUMN ttl_minutes REAL",
+        "ALTER TABLE items ADD COLUMN expires_at REAL",
+        "CREATE INDEX items_expiring ON items(expires_at) WHERE expires_at IS NOT NULL",
+    ),
 )
+
+_ITEM_COLUMNS = "namespace, key, value, created_at, updated_at, ttl_minutes, expires_at"
+_ACTIVE_RUN = "SELECT 1 FROM runs WHERE thread_id = ? AND status IN ('pending', 'running')"
 
 _OPEN: dict[str, weakref.WeakSet[SQLiteStorage]] = {}  # this process's open storages, by file
 
@@ -406,6 +419,37 @@ class SQLiteStorage(Storage):
         await self._committed()
         return bool(deleted)
 
+    async def delete_idle_thread(self, thread_id: str) -> bool:
+        with self._transaction() as db:
+            deleted = db.execute(f"DELETE FROM threads WHERE thread_id = ? AND NOT EXISTS ({_ACTIVE_RUN})",
+                                 (thread_id, thread_id)).rowcount
+            if deleted:
+                for table in THREAD_TABLES:
+                    db.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
+        await self._committed()
+        return bool(deleted)
+
+    async def set_thread_ttl(self, thread_id: str, ttl: ThreadTTL) -> None:
+        await self._write("INSERT OR REPLACE INTO thread_ttl SELECT thread_id, ?, ? FROM threads WHERE thread_id = ?",
+                          (ttl.strategy, ttl.minutes, thread_id))
+
+    async def thread_ttl(self, thread_id: str) -> ThreadTTL | None:
+        found = self.db.execute("SELECT strategy, minutes FROM thread_ttl WHERE thread_id = ?", (thread_id,)).fetchone()
+        return ThreadTTL(found[0], found[1]) if found else None
+
+    async def expired_threads(self, now: str, default: ThreadTTL | None, limit: int) -> list[tuple[str, PruneStrategy]]:
+        strategy, minutes = default or (None, None)
+        rows = self.db.execute(
+            "SELECT t.thread_id, coalesce(x.strategy, ?) AS strategy FROM threads t "
+            "LEFT JOIN thread_ttl x ON x.thread_id = t.thread_id "
+            "WHERE (julianday(t.updated_at) - 2440587.5) * 86400.0 + coalesce(x.minutes, ?) * 60 <= ? "
+            "AND t.status <> 'busy' "
+            f"AND NOT EXISTS ({_ACTIVE_RUN.replace('?', 't.thread_id')}) "
+            "AND (coalesce(x.strategy, ?) = 'delete' "
+            "     OR EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t.thread_id AND c.parent_id IS NOT NULL)) "
+            "LIMIT ?", (strategy, minutes, epoch_of(now), strategy, limit)).fetchall()
+        return [(thread_id, found) for thread_id, found in rows]
+
     def _thread_filter(self, metadata: dict[str, Any] | None, status: ThreadStatus | None,
                        ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
         clauses: list[str] = ["1"]
@@ -635,6 +679,18 @@ class SQLiteStorage(Storage):
     async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
         await self._write("DELETE FROM checkpoints WHERE thread_id = ? AND run_id = ?", (thread_id, run_id))
 
+    async def keep_only_checkpoint(self, row: CheckpointRow) -> bool:
+        with self._transaction() as db:
+            head = db.execute("SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? ORDER BY seq DESC LIMIT 1",
+                              (row.thread_id,)).fetchone()
+            busy = db.execute(f"SELECT EXISTS ({_ACTIVE_RUN})", (row.thread_id,)).fetchone()[0]
+            kept = head is not None and head[0] == row.checkpoint_id and not busy
+            if kept:
+                db.execute("DELETE FROM checkpoints WHERE thread_id = ?", (row.thread_id,))
+                db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)", checkpoint_values(row))
+        await self._committed()
+        return kept
+
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
         await self._write("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
                           "metadata, created_at FROM checkpoints WHERE thread_id = ?", (new_thread_id, thread_id))
@@ -672,21 +728,40 @@ class SQLiteStorage(Storage):
 
     # -- items
 
-    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
-        await self._write("INSERT INTO items VALUES (?,?,?,?,?) ON CONFLICT(namespace, key) DO UPDATE "
-                          "SET value = excluded.value, updated_at = excluded.updated_at",
-                          (SEP.join(namespace), key, dump(value), now, now))
+    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str,
+                       ttl: float | None = None) -> None:
+        expires = epoch_of(now) + ttl * 60 if ttl is not None else None
+        await self._write(f"INSERT INTO items ({_ITEM_COLUMNS}) VALUES (?,?,?,?,?,?,?) ON CONFLICT(namespace, key) "
+                          "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at, "
+                          "ttl_minutes = excluded.ttl_minutes, expires_at = excluded.expires_at",
+                          (SEP.join(namespace), key, dump(value), now, now, ttl, expires))
 
-    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
-        found = self.db.execute("SELECT * FROM items WHERE namespace = ? AND key = ?",
-                                (SEP.join(namespace), key)).fetchone()
+    async def get_item(self, namespace: tuple[str, ...], key: str, *, now: str | None = None,
+                       refresh: bool = False) -> ItemRow | None:
+        params: list[Any] = [SEP.join(namespace), key]
+        where = "namespace = ? AND key = ?"
+        if now is not None:
+            where += " AND (expires_at IS NULL OR expires_at > ?)"
+            params.append(epoch_of(now))
+        found = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE {where}", params).fetchone()
+        if found is not None and refresh and now is not None and found[5] is not None:
+            await self._refresh_items([found], now)
         return item_row(found) if found else None
+
+    async def _refresh_items(self, rows: Sequence[tuple[Any, ...]], now: str) -> None:
+        """Start the time to live of the items (rows as selected) again at ``now``."""
+        at = epoch_of(now)
+        with self._transaction() as db:
+            db.executemany("UPDATE items SET expires_at = ? + ttl_minutes * 60 WHERE namespace = ? AND key = ? "
+                           "AND ttl_minutes IS NOT NULL", [(at, r[0], r[1]) for r in rows if r[5] is not None])
+        await self._committed()
 
     async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
         await self._write("DELETE FROM items WHERE namespace = ? AND key = ?", (SEP.join(namespace), key))
 
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
-                           limit: int = 10, offset: int = 0) -> list[ItemRow]:
+                           limit: int = 10, offset: int = 0, now: str | None = None,
+                           refresh: bool = False) -> list[ItemRow]:
         clauses: list[str] = ["1"]
         params: list[Any] = []
         if prefix:
@@ -696,9 +771,17 @@ class SQLiteStorage(Storage):
         for key, value in (filter or {}).items():
             clauses.append("json_extract(value, ?) IS json_extract(?, '$')")
             params += [f'$."{key}"', dump(value)]
-        rows = self.db.execute(f"SELECT * FROM items WHERE {' AND '.join(clauses)} "
+        if now is not None:
+            clauses.append("(expires_at IS NULL OR expires_at > ?)")
+            params.append(epoch_of(now))
+        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE {' AND '.join(clauses)} "
                                "ORDER BY updated_at DESC LIMIT ? OFFSET ?", (*params, limit, offset)).fetchall()
+        if refresh and now is not None and any(r[5] is not None for r in rows):
+            await self._refresh_items(rows, now)
         return [item_row(r) for r in rows]
+
+    async def delete_expired_items(self, now: str) -> int:
+        return await self._write("DELETE FROM items WHERE expires_at <= ?", (epoch_of(now),))
 
     async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),
                               max_depth: int | None = None, limit: int = 100,

@@ -25,12 +25,14 @@ from backchannel.runtime.rows import (
     CheckpointRow,
     CronRow,
     ItemRow,
+    PruneStrategy,
     RunClaim,
     RunEnd,
     RunRow,
     RunStatus,
     ThreadRow,
     ThreadStatus,
+    ThreadTTL,
 )
 
 __all__ = ["MISSED", "CheckpointStorage", "Coordinator", "CronStorage", "InboxStorage", "ItemStorage", "RunStorage",
@@ -57,6 +59,25 @@ class ThreadStorage(Protocol):
     @abc.abstractmethod
     async def delete_thread(self, thread_id: str) -> bool:
         """Delete a thread with its runs, checkpoints and messages waiting for it."""
+
+    @abc.abstractmethod
+    async def delete_idle_thread(self, thread_id: str) -> bool:
+        """Delete a thread as :meth:`delete_thread` does, unless a run of it is pending or running (checked in
+        the statement that deletes); ``False`` when it was busy or missing."""
+
+    @abc.abstractmethod
+    async def set_thread_ttl(self, thread_id: str, ttl: ThreadTTL) -> None:
+        """Give the thread a time to live (replacing one it had)."""
+
+    @abc.abstractmethod
+    async def thread_ttl(self, thread_id: str) -> ThreadTTL | None:
+        """The thread's own time to live, or ``None``."""
+
+    @abc.abstractmethod
+    async def expired_threads(self, now: str, default: ThreadTTL | None, limit: int) -> list[tuple[str, PruneStrategy]]:
+        """Up to ``limit`` threads (with their strategy) whose time to live, their own or else ``default``, has
+        passed at ``now`` since their last update; none with a pending or running run, and for ``keep_latest``
+        only those with checkpoints other than their newest (the others have nothing left to prune)."""
 
     @abc.abstractmethod
     async def search_threads(self, *, metadata: dict[str, Any] | None = None, status: ThreadStatus | None = None,
@@ -217,6 +238,12 @@ class CheckpointStorage(Protocol):
         """Delete the checkpoints one run wrote (a rollback)."""
 
     @abc.abstractmethod
+    async def keep_only_checkpoint(self, row: CheckpointRow) -> bool:
+        """Replace a thread's checkpoints by ``row`` alone: its newest, rewritten to hold the whole state and no
+        parent. ``False``, and nothing changed, when a run of the thread is pending or running or its newest
+        checkpoint is no longer ``row``'s (a step was written meanwhile). One transaction."""
+
+    @abc.abstractmethod
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
         """Copy a thread's checkpoints to another thread (a fork)."""
 
@@ -258,12 +285,16 @@ class ItemStorage(Protocol):
     """The key-value store shared by all threads, addressed by namespace tuples."""
 
     @abc.abstractmethod
-    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str) -> None:
-        """Insert or replace an item (its ``created_at`` stays)."""
+    async def put_item(self, namespace: tuple[str, ...], key: str, value: dict[str, Any], now: str,
+                       ttl: float | None = None) -> None:
+        """Insert or replace an item (its ``created_at`` stays); with ``ttl``, it expires that many minutes
+        after ``now`` or after its last read that refreshed it."""
 
     @abc.abstractmethod
-    async def get_item(self, namespace: tuple[str, ...], key: str) -> ItemRow | None:
-        """The item, or ``None``."""
+    async def get_item(self, namespace: tuple[str, ...], key: str, *, now: str | None = None,
+                       refresh: bool = False) -> ItemRow | None:
+        """The item, or ``None``; with ``now``, ``None`` for an item expired by then too, and with ``refresh``
+        its time to live starts again at ``now``."""
 
     @abc.abstractmethod
     async def delete_item(self, namespace: tuple[str, ...], key: str) -> None:
@@ -271,8 +302,14 @@ class ItemStorage(Protocol):
 
     @abc.abstractmethod
     async def search_items(self, prefix: tuple[str, ...], *, filter: dict[str, Any] | None = None,
-                           limit: int = 10, offset: int = 0) -> list[ItemRow]:
-        """Items under a namespace prefix whose values contain ``filter``, most recently updated first."""
+                           limit: int = 10, offset: int = 0, now: str | None = None,
+                           refresh: bool = False) -> list[ItemRow]:
+        """Items under a namespace prefix whose values contain ``filter``, most recently updated first (with
+        ``now`` and ``refresh``, as :meth:`get_item`: unexpired ones, their time to live started again)."""
+
+    @abc.abstractmethod
+    async def delete_expired_items(self, now: str) -> int:
+        """Delete the items expired at ``now``; returns how many."""
 
     @abc.abstractmethod
     async def list_namespaces(self, *, prefix: tuple[str, ...] = (), suffix: tuple[str, ...] = (),

@@ -17,11 +17,13 @@ from backchannel.runtime.run_options import MAX_DELAY
 from backchannel.runtime.wire import MultitaskStrategy
 from backchannel.server.routing import MAX_INT
 
+MAX_MINUTES = 1e9  # a time to live beyond this (1,900 years) is a mistake
+
 __all__ = [
     "AssistantCount", "AssistantSearch", "CheckpointConfig", "Command", "CronCount", "CronCreate", "CronPatch",
     "CronSearch", "HistorySearch", "RunBatch", "RunCreate", "RunsCancel", "Send", "ThreadCronCreate",
     "StateCheckpoint", "StateUpdate", "StoreDelete", "StoreNamespaces", "StorePut", "StoreSearch", "ThreadCount",
-    "ThreadCreate", "ThreadPatch", "ThreadSearch",
+    "ThreadCreate", "ThreadPatch", "ThreadPrune", "ThreadSearch", "ThreadTTL",
 ]
 
 # StreamMode and MultitaskStrategy are the runtime's own types, so a mode or strategy it adds is
@@ -155,15 +157,30 @@ class CronCount(Body):
     metadata: dict[str, Any] | None = None
 
 
+class ThreadTTL(Body):
+    """A thread's time to live: ``ttl`` minutes after its last update, ``strategy`` applies."""
+
+    model_config = ConfigDict(extra="forbid")
+    strategy: Literal["delete", "keep_latest"] = "delete"
+    ttl: float = Field(gt=0, le=MAX_MINUTES)
+
+
 class ThreadCreate(Body):
     thread_id: str | None = Field(default=None, min_length=1)
     metadata: dict[str, Any] | None = None
     if_exists: Literal["raise", "do_nothing"] | None = None
     graph_id: str | None = None
+    ttl: ThreadTTL | None = None
 
 
 class ThreadPatch(Body):
-    metadata: dict[str, Any]
+    metadata: dict[str, Any] | None = None
+    ttl: ThreadTTL | None = None
+
+
+class ThreadPrune(Body):
+    thread_ids: list[str] = Field(max_length=10_000)
+    strategy: Literal["delete", "keep_latest"] = "delete"
 
 
 class ThreadSearch(Body):
@@ -226,7 +243,7 @@ class StorePut(Body):
     key: str = Field(min_length=1)
     value: dict[str, Any]
     index: bool | list[str] | None = None
-    ttl: float | None = None
+    ttl: float | None = Field(default=None, gt=0, le=MAX_MINUTES)
 
 
 class StoreDelete(Body):
@@ -240,6 +257,7 @@ class StoreSearch(Body):
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=MAX_INT)
     query: str | None = None
+    refresh_ttl: bool | None = None
 
 
 class StoreNamespaces(Body):

@@ -16,6 +16,7 @@ from backchannel.agent import Agent
 from backchannel.server.connections import DEFAULT_CLIENT_TIMEOUT
 
 if TYPE_CHECKING:
+    from backchannel.runtime.retention import StoreTTLConfig, ThreadTTLConfig
     from backchannel.server.demo_page import DemoPage
 
 __all__ = ["DEFAULT_PORT", "import_agents", "is_loopback", "serve", "served"]
@@ -81,7 +82,8 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
           grace: float = 10.0, lease: float = 30.0, log_level: str = "info", demo_page: DemoPage | None = None,
           cors_origins: Sequence[str] | None = None, allowed_hosts: Sequence[str] | None = None,
           client_timeout: float = DEFAULT_CLIENT_TIMEOUT, max_concurrency: int = 256,
-          on_ready: Callable[[], None] | None = None) -> None:
+          on_ready: Callable[[], None] | None = None, thread_ttl: ThreadTTLConfig | None = None,
+          store_ttl: StoreTTLConfig | None = None) -> None:
     """Serve ``agents`` over HTTP until SIGINT or SIGTERM (then: no new runs, ``grace`` seconds for running ones).
 
     ``database`` is the runtime's store URL (SQLite by default). ``public_url`` is
@@ -94,6 +96,8 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
     A client gets ``client_timeout`` seconds to send a request's headers or body, and to read what the
     server writes, before it is disconnected (:mod:`backchannel.server.connections`). At most
     ``max_concurrency`` runs execute at once in this process; the others wait in the queue.
+    ``thread_ttl`` and ``store_ttl`` are the retention defaults (LangGraph's ``checkpointer.ttl``
+    and ``store.ttl``).
     """
     import uvicorn
 
@@ -105,7 +109,7 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
     url = public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     runtime = LocalRuntime(database or DEFAULT_STORE, {graph_id: served(a) for graph_id, a in agents.items()},
                            public_url=url, lease=lease, heartbeat_interval=min(5.0, lease / 5),
-                           max_concurrency=max_concurrency)
+                           max_concurrency=max_concurrency, thread_ttl=thread_ttl, store_ttl=store_ttl)
     names = [host, urllib.parse.urlsplit(url).hostname or host]
     browsers = default_policy(api_key=api_key, cors_origins=cors_origins, allowed_hosts=allowed_hosts,
                               served_names=names)

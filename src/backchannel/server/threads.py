@@ -16,6 +16,7 @@ from backchannel.server.schemas import (
     ThreadCount,
     ThreadCreate,
     ThreadPatch,
+    ThreadPrune,
     ThreadSearch,
 )
 from backchannel.server.sse import StreamingBody, encode_event, event_stream
@@ -39,13 +40,25 @@ async def count_threads(request: Request) -> Response:
 
 
 async def get_thread(request: Request) -> Response:
-    return JSONResponse(await runtime_of(request).threads.get(request.path_params["thread_id"]))
+    # The Python SDK joins the fields with commas; the JS SDK repeats the parameter.
+    include = [f.strip() for value in request.query_params.getlist("include") for f in value.split(",") if f.strip()]
+    return JSONResponse(await runtime_of(request).threads.get(request.path_params["thread_id"],
+                                                              include=include or None))
 
 
 async def patch_thread(request: Request) -> Response:
     body = await read_body(request, ThreadPatch)
-    return JSONResponse(await runtime_of(request).threads.update(request.path_params["thread_id"],
-                                                                 metadata=body.metadata))
+    thread_id = request.path_params["thread_id"]
+    thread = await runtime_of(request).threads.update(thread_id, metadata=body.metadata or {},
+                                                      ttl=dump(body.ttl) if body.ttl else None)
+    if request.headers.get("prefer") == "return=minimal":
+        return Response(status_code=204)
+    return JSONResponse(thread)
+
+
+async def prune_threads(request: Request) -> Response:
+    body = await read_body(request, ThreadPrune)
+    return JSONResponse(await runtime_of(request).threads.prune(body.thread_ids, strategy=body.strategy))
 
 
 async def delete_thread(request: Request) -> Response:
@@ -116,9 +129,14 @@ ENDPOINTS = [
              responses={200: "Threads", 422: "Invalid request"}),
     Endpoint("POST", "/threads/count", count_threads, "Count threads", ThreadCount,
              responses={200: "The number of threads", 422: "Invalid request"}),
-    Endpoint("GET", "/threads/{thread_id}", get_thread, "Get a thread", responses=_THREAD),
-    Endpoint("PATCH", "/threads/{thread_id}", patch_thread, "Update a thread's metadata", ThreadPatch,
-             responses={**_THREAD, 422: "Invalid request"}),
+    Endpoint("POST", "/threads/prune", prune_threads, "Delete threads, or keep only their newest checkpoint "
+             "(keep_latest); threads with a run pending or running are left alone", ThreadPrune,
+             responses={200: "{pruned_count: N}", 422: "Invalid request"}),
+    Endpoint("GET", "/threads/{thread_id}", get_thread, "Get a thread", query={
+        "include": Query(description="Optional fields: ttl (its time to live, when it has one)")},
+        responses={**_THREAD, 422: "Invalid include"}),
+    Endpoint("PATCH", "/threads/{thread_id}", patch_thread, "Update a thread's metadata or time to live", ThreadPatch,
+             responses={**_THREAD, 204: "Updated (Prefer: return=minimal)", 422: "Invalid request"}),
     Endpoint("DELETE", "/threads/{thread_id}", delete_thread, "Delete a thread with its runs and checkpoints",
              responses={204: "Deleted", 404: "Thread not found"}),
     Endpoint("POST", "/threads/{thread_id}/copy", copy_thread, "Copy a thread with its history",
