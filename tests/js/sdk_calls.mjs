@@ -221,6 +221,30 @@ await check("threads.joinStream (every run of the thread)", async () => {
   assert.deepEqual(seen.at(-1).data, { status: "run_done", run_id: run.run_id });
 });
 
+await check("threads.create + update with ttl, get with include ttl", async () => {
+  const lived = (await client.threads.create({ ttl: 60 })).thread_id;
+  const ttl = (await client.threads.get(lived, { include: ["ttl"] })).ttl;
+  assert.equal(ttl.strategy, "delete");
+  assert.equal(ttl.ttl_minutes, 60);
+  assert.ok(new Date(ttl.expires_at) > new Date());
+  await client.threads.update(lived, { metadata: { ttl: "changed" }, ttl: { ttl: 30, strategy: "keep_latest" } });
+  const changed = (await client.threads.get(lived, { include: ["ttl"] })).ttl;
+  assert.deepEqual([changed.strategy, changed.ttl_minutes], ["keep_latest", 30]);
+});
+await check("threads.prune", async () => {
+  const [gone, kept] = [(await client.threads.create()).thread_id, (await client.threads.create()).thread_id];
+  for (const id of [gone, kept]) {
+    await client.runs.wait(id, "echo", { input: user("one") });
+    await client.runs.wait(id, "echo", { input: user("two") });
+  }
+  assert.deepEqual(await client.threads.prune([gone]), { pruned_count: 1 });
+  await assert.rejects(client.threads.get(gone), /404|not found/i);
+  assert.deepEqual(await client.threads.prune([kept], { strategy: "keep_latest" }), { pruned_count: 1 });
+  assert.equal((await client.threads.getHistory(kept, { limit: 10 })).length, 1);
+  assert.equal(last((await client.threads.getState(kept)).values), "echo: two");
+  assert.equal(last(await client.runs.wait(kept, "echo", { input: user("three") })), "echo: three");
+});
+
 // -- crons ------------------------------------------------------------------------------------------
 let jsCron;
 await check("crons.createForThread", async () => {
@@ -257,6 +281,14 @@ await check("crons.delete", async () => {
 });
 
 // -- store ------------------------------------------------------------------------------------------
+await check("store.putItem with ttl + getItem/searchItems with refreshTtl", async () => {
+  await client.store.putItem(["js", "ttl"], "note", { text: "expiring" }, { ttl: 5 });
+  assert.deepEqual((await client.store.getItem(["js", "ttl"], "note", { refreshTtl: false })).value,
+    { text: "expiring" });
+  const { items } = await client.store.searchItems(["js", "ttl"], { refreshTtl: true });
+  assert.deepEqual(items.map((i) => i.key), ["note"]);
+  await client.store.deleteItem(["js", "ttl"], "note");
+});
 await check("store.putItem + getItem", async () => {
   await client.store.putItem(["js", "prefs"], "theme", { color: "dark" });
   assert.deepEqual((await client.store.getItem(["js", "prefs"], "theme")).value, { color: "dark" });
