@@ -3,6 +3,7 @@
 import asyncio
 import uuid
 from dataclasses import replace
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -10,7 +11,7 @@ from backchannel._clock import now_iso
 from backchannel.errors import LostRunError
 from backchannel.messages import HumanMessage
 from backchannel.runtime.backends import open_storage
-from backchannel.runtime.rows import CheckpointRow, CronRow, RunClaim, RunEnd, RunRow, ThreadRow
+from backchannel.runtime.rows import CheckpointRow, CronRow, RunClaim, RunEnd, RunRow, ThreadRow, ThreadTTL
 
 
 @pytest.fixture
@@ -465,3 +466,80 @@ async def test_crons_are_searched_counted_and_deleted_with_their_thread(storage)
     assert await storage.get_cron("c1") is None
     assert await storage.delete_cron("c2") and not await storage.delete_cron("c2")
     assert await storage.count_crons() == 0
+
+
+def _at(timestamp: str, seconds: float) -> str:
+    return (datetime.fromisoformat(timestamp) + timedelta(seconds=seconds)).isoformat()
+
+
+async def test_idle_threads_are_deleted_busy_ones_are_not(storage):
+    now = now_iso()
+    for t in ("idle", "busy"):
+        await storage.create_thread(ThreadRow(t, now, now))
+        await storage.put_checkpoint(_checkpoint(t, 1, None))
+    await storage.create_run(_run("busy"))
+    assert not await storage.delete_idle_thread("busy")
+    assert await storage.get_thread("busy") is not None and await storage.head_checkpoint("busy") is not None
+    assert await storage.delete_idle_thread("idle")
+    assert await storage.get_thread("idle") is None and await storage.head_checkpoint("idle") is None
+    assert not await storage.delete_idle_thread("idle")
+
+
+async def test_threads_expire_by_their_own_ttl_or_the_default(storage):
+    now = now_iso()
+    for t in ("own", "default", "busy", "kept", "single"):
+        await storage.create_thread(ThreadRow(t, now, now))
+    await storage.set_thread_ttl("own", ThreadTTL("delete", 1))
+    await storage.set_thread_ttl("busy", ThreadTTL("delete", 1))
+    await storage.create_run(_run("busy"))
+    for t in ("kept", "single"):
+        await storage.set_thread_ttl(t, ThreadTTL("keep_latest", 1))
+        await storage.put_checkpoint(_checkpoint(t, 1, None))
+    await storage.put_checkpoint(_checkpoint("kept", 2, "c1"))
+    assert await storage.thread_ttl("own") == ThreadTTL("delete", 1)
+    assert await storage.thread_ttl("default") is None
+    assert await storage.expired_threads(_at(now, 59), None, 10) == []
+    expired = await storage.expired_threads(_at(now, 61), None, 10)
+    assert sorted(expired) == [("kept", "keep_latest"), ("own", "delete")]  # busy, and single with one checkpoint
+    with_default = await storage.expired_threads(_at(now, 61), ThreadTTL("delete", 2), 10)
+    assert "default" not in dict(with_default)
+    assert dict(await storage.expired_threads(_at(now, 121), ThreadTTL("delete", 2), 10))["default"] == "delete"
+    assert len(await storage.expired_threads(_at(now, 121), ThreadTTL("delete", 2), 2)) == 2
+    assert await storage.delete_idle_thread("own")
+    assert await storage.thread_ttl("own") is None
+
+
+async def test_keeping_only_the_newest_checkpoint(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now))
+    for seq in (1, 2, 3):
+        await storage.put_checkpoint(_checkpoint("t", seq, f"c{seq - 1}" if seq > 1 else None))
+    whole = replace(_checkpoint("t", 3, None, delta={"k": 3}), created_at=now)
+    assert not await storage.keep_only_checkpoint(replace(whole, checkpoint_id="c2"))  # not the newest
+    run = _run("t")
+    await storage.create_run(run)
+    assert not await storage.keep_only_checkpoint(whole)  # a run is pending
+    await storage.drop_pending_run(run.run_id, "rollback", now_iso())
+    assert await storage.keep_only_checkpoint(whole)
+    [kept] = await storage.list_checkpoints("t")
+    assert (kept.checkpoint_id, kept.parent_id, kept.seq, dict(kept.delta)) == ("c3", None, 3, {"k": 3})
+    assert [c.checkpoint_id for c in await storage.checkpoint_chain("t", "c3")] == ["c3"]
+
+
+async def test_items_expire_and_reads_refresh_them(storage):
+    now = now_iso()
+    await storage.put_item(("a",), "ttl", {"v": 1}, now, ttl=1)
+    await storage.put_item(("a",), "plain", {"v": 2}, now)
+    assert (await storage.get_item(("a",), "ttl", now=_at(now, 59))).value == {"v": 1}
+    assert await storage.get_item(("a",), "ttl", now=_at(now, 61)) is None
+    assert (await storage.get_item(("a",), "ttl")).value == {"v": 1}  # without a time: as stored
+    assert (await storage.get_item(("a",), "ttl", now=_at(now, 50), refresh=True)) is not None
+    assert sorted(i.key for i in await storage.search_items(("a",), now=_at(now, 100))) == ["plain", "ttl"]
+    found = await storage.search_items(("a",), filter={"v": 1}, now=_at(now, 100), refresh=True)
+    assert [i.key for i in found] == ["ttl"]  # refreshed at 100 s: expires at 160 s
+    assert await storage.delete_expired_items(_at(now, 150)) == 0
+    assert await storage.delete_expired_items(_at(now, 161)) == 1
+    assert await storage.get_item(("a",), "ttl") is None and await storage.get_item(("a",), "plain") is not None
+    await storage.put_item(("a",), "plain", {"v": 3}, now, ttl=1)
+    await storage.put_item(("a",), "plain", {"v": 4}, now)  # replaced without a ttl: it no longer expires
+    assert await storage.delete_expired_items(_at(now, 1000)) == 0
