@@ -63,7 +63,7 @@ TARGETS = {  # wall time ÷ ideal, K = 1,000, at most
     "wait_ratio_at_1000": 2.0,  # in memory, wait
     "sqlite_ratio_at_1000": 2.5,  # on SQLite, notify
     "sqlite_wait_ratio_at_1000": 3.0,  # on SQLite, wait
-    "bytes_per_live_subagent": 64 * 1024,  # tracemalloc, at most
+    "bytes_per_live_subagent": 8 * 1024,  # tracemalloc, at most (issue 22)
 }
 
 
