@@ -20,7 +20,9 @@ import pytest
 from server_agents import AGENTS
 from server_helpers import ProcessServer, ThreadServer, user
 
+from backchannel.errors import InvalidRequestError
 from backchannel.runtime import LocalRuntime, StoreTTLConfig, ThreadTTLConfig
+from backchannel.runtime.remote import RemoteRuntime
 from backchannel.server import create_app, served
 
 SWEEP_MINUTES = 0.002  # 0.12 s
@@ -116,6 +118,17 @@ async def test_prune_over_the_sdk_leaves_running_threads_alone(client):
     assert (await client.runs.get(busy, run["run_id"]))["status"] in ("pending", "running")
     await client.runs.cancel(busy, run["run_id"], wait=True)
     assert await client.threads.prune([busy]) == {"pruned_count": 1}
+
+
+async def test_remote_runtime_prunes_and_sets_ttls(server):
+    async with RemoteRuntime(server.url, api_key=None) as rt:
+        thread = (await rt.threads.create(ttl=30))["thread_id"]
+        assert (await rt.threads.get(thread, include=["ttl"]))["ttl"]["ttl_minutes"] == 30
+        await rt.threads.update(thread, metadata={}, ttl={"ttl": 45, "strategy": "keep_latest"})
+        assert (await rt.threads.get(thread, include=["ttl"]))["ttl"]["strategy"] == "keep_latest"
+        assert await rt.threads.prune([thread]) == {"pruned_count": 1}
+        with pytest.raises(InvalidRequestError, match="strategy"):
+            await rt.threads.prune([thread], strategy="archive")
 
 
 async def test_bad_prune_and_ttl_requests_are_422_naming_the_field(server):
