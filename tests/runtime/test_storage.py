@@ -152,7 +152,8 @@ async def test_a_claim_fences_every_write_of_its_run(storage):
     await storage.put_checkpoint(_checkpoint("t", 1, None, run_id=lost.run_id), _claim(lost))
     await storage.put_inbox("t", "k1", HumanMessage("note", id="m1"), now)
     # the stalled worker is taken for dead: another takes the run over and claims it anew
-    assert [r.run_id for r in await storage.requeue_orphans([], "other", {"a": "digest-of-a"})] == [lost.run_id]
+    assert await storage.requeue_orphans([], "other", {"a": "digest-of-a"}) == [lost.run_id]
+    assert (await storage.get_thread("t")).status == "busy"  # the thread of a requeued run is busy
     with pytest.raises(LostRunError):  # requeued, not claimed yet: no claim holds
         await storage.put_checkpoint(_checkpoint("t", 2, "c1", run_id=lost.run_id), _claim(lost))
     [held] = await storage.claim_runs("other", 1, now_iso())
@@ -171,7 +172,7 @@ async def test_a_claim_fences_every_write_of_its_run(storage):
     assert not await storage.release_run(_claim(lost), now_iso())
     # nothing changed: the run runs under the new claim, which writes as usual
     assert (await storage.get_run(lost.run_id)).status == "running"
-    assert (await storage.get_thread("t")).status == "idle"
+    assert (await storage.get_thread("t")).status == "busy"
     assert [c.checkpoint_id for c in await storage.list_checkpoints("t")] == ["c1"]
     assert (await storage.get_checkpoint("t", "c1")).next == ""
     assert await storage.pending_writes("t") == {}
@@ -217,7 +218,7 @@ async def test_requeue_orphans_takes_only_the_runs_of_agents_it_serves(storage):
                             now, agent_digest=digest)
         await storage.create_run(rows[name])
     moved = await storage.requeue_orphans([], "me", {"a": "d-a"})
-    assert {r.thread_id for r in moved} == {"mine", "stored before digests"}
+    assert moved == [rows["mine"].run_id, rows["stored before digests"].run_id]  # in queue order
     for name, row in rows.items():
         again = await storage.get_run(row.run_id)
         expected = ("pending", "me") if name in ("mine", "stored before digests") else ("running", "dead")
@@ -238,7 +239,7 @@ async def test_requeue_orphans_hands_dead_workers_runs_over(storage):
     await storage.create_run(registered)
     await storage.heartbeat("registered", {"pid": 1}, now_iso())
     moved = await storage.requeue_orphans(["alive"], "me", {"a": "digest-of-a"})
-    assert {r.run_id for r in moved} == {dead_running.run_id, dead_pending.run_id}
+    assert moved == [dead_running.run_id, dead_pending.run_id]
     for row in (dead_running, dead_pending):
         again = await storage.get_run(row.run_id)
         assert (again.status, again.worker_id) == ("pending", "me")

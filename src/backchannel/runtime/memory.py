@@ -299,20 +299,22 @@ class MemoryStorage(Storage):
         return True
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
-                              agents: Mapping[str, str]) -> list[RunRow]:
+                              agents: Mapping[str, str]) -> list[str]:
         alive = set(alive_workers)
         digests = set(agents.values())
         orphans = sorted((r for r in self._runs.values() if r.status in ACTIVE and r.worker_id not in alive
                           and r.worker_id not in self._workers
                           and (r.agent_digest in digests if r.agent_digest else r.assistant_id in agents)),
                          key=lambda r: self._order[r.run_id])
-        found = [_copy(r) for r in orphans]
         for row in orphans:
             self._unindex(row)
             row.status, row.worker_id, row.claim = "pending", new_worker_id, None
             self._index(row)
+            thread = self._threads.get(row.thread_id)
+            if thread is not None:
+                thread.status = "busy"
         self._pending = dict.fromkeys(sorted(self._pending, key=self._order.__getitem__))
-        return found
+        return [row.run_id for row in orphans]
 
     # -- workers
 

@@ -145,6 +145,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE items ADD COLUMN ttl_minutes DOUBLE PRECISION, ADD COLUMN expires_at DOUBLE PRECISION",
         "CREATE INDEX items_expiring ON items(expires_at) WHERE expires_at IS NOT NULL",
     ),
+    (  # a worker's queue in order: its claims read only the runs they take, however many wait
+        "CREATE INDEX pending_by_worker ON runs(worker_id, seq) WHERE status = 'pending'",
+    ),
 )
 
 _THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, interrupts, error"
@@ -412,10 +415,13 @@ class PostgresStorage(Storage):
             # This worker's runs that are the oldest due run of their thread (whichever worker queued
             # the others), on threads with none running; runs another worker is claiming right now are
             # locked, and skipped.
+            # Each look at the thread's other runs is an equality on runs_by_thread, and the scan goes in queue
+            # order on pending_by_worker: a claim reads about as many runs as it takes, however long the queue.
             candidates = [run_row(r) for r in await (await conn.execute(
                 f"SELECT {_RUN_COLUMNS} FROM runs r WHERE status = 'pending' AND worker_id = %(me)s "
                 "AND scheduled_at <= %(now)s AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id "
-                "AND (x.status = 'running' OR (x.status = 'pending' AND x.seq < r.seq AND x.scheduled_at <= %(now)s)))"
+                "AND x.status = 'running') AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id "
+                "AND x.status = 'pending' AND x.seq < r.seq AND x.scheduled_at <= %(now)s)"
                 " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
                 {"me": worker_id, "now": now, "limit": limit})).fetchall()]
             if not candidates:
@@ -506,14 +512,16 @@ class PostgresStorage(Storage):
         return bool(dropped and dropped[0])
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
-                              agents: Mapping[str, str]) -> list[RunRow]:
+                              agents: Mapping[str, str]) -> list[str]:
         rows = await self._queue(
-            "UPDATE runs SET status = 'pending', worker_id = %s, claim = NULL WHERE status IN ('pending', 'running') "
-            "AND (worker_id IS NULL OR (NOT worker_id = ANY(%s) AND NOT EXISTS "
+            "WITH r AS (UPDATE runs SET status = 'pending', worker_id = %s, claim = NULL WHERE status IN "
+            "('pending', 'running') AND (worker_id IS NULL OR (NOT worker_id = ANY(%s) AND NOT EXISTS "
             "(SELECT 1 FROM workers w WHERE w.worker_id = runs.worker_id))) AND (agent_digest = ANY(%s) OR "
-            f"(agent_digest IS NULL AND assistant_id = ANY(%s))) RETURNING seq, {_RUN_COLUMNS}",
+            "(agent_digest IS NULL AND assistant_id = ANY(%s))) RETURNING seq, run_id, thread_id), "
+            "t AS (UPDATE threads SET status = 'busy' WHERE status <> 'busy' AND thread_id IN "
+            "(SELECT thread_id FROM r)) SELECT run_id FROM r ORDER BY seq",
             (new_worker_id, list(alive_workers), list(agents.values()), list(agents)), "all")
-        return [run_row(r[1:]) for r in sorted(rows)]  # in queue order
+        return [run_id for (run_id,) in rows]
 
     def coordinator(self) -> PostgresCoordinator:
         return PostgresCoordinator(self)

@@ -71,9 +71,8 @@ class Recovery:
         for dead in workers.keys() - set(alive):
             await self.storage.forget_worker(dead)
         recovered = await self.storage.requeue_orphans(alive, self.worker_id, self._served())
-        for row in recovered:
-            self.scheduler.queued(row.run_id)
-            await self.storage.update_thread(row.thread_id, status="busy")
+        for run_id in recovered:  # their threads are busy already (requeue_orphans)
+            self.scheduler.queued(run_id)
         if opening or recovered:
             await self.mail.wake_all()
         self.scheduler.kick()

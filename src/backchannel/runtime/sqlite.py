@@ -523,13 +523,16 @@ class SQLiteStorage(Storage):
 
     async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
         with self._transaction() as db:
+            running = dict(db.execute("SELECT concurrency_key, count(*) FROM runs WHERE status = 'running' "
+                                      "AND concurrency_key IS NOT NULL GROUP BY concurrency_key").fetchall())
+            # Read only as far as the claims go (the index gives rowid order): a long queue is not read
+            # whole at every claim.
             candidates = db.execute(
                 "SELECT * FROM runs r WHERE status = 'pending' AND worker_id = ? AND scheduled_at <= ? "
                 "AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id AND x.status = 'running') "
-                "ORDER BY rowid", (worker_id, now)).fetchall()
-            running = dict(db.execute("SELECT concurrency_key, count(*) FROM runs WHERE status = 'running' "
-                                      "AND concurrency_key IS NOT NULL GROUP BY concurrency_key").fetchall())
+                "ORDER BY rowid", (worker_id, now))
             claimed = pick_claims(map(run_row, candidates), running, limit)
+            candidates.close()
             token = new_id()
             db.execute("UPDATE runs SET status = 'running', updated_at = ?, attempts = attempts + 1, claim = ? "
                        "WHERE run_id IN (SELECT value FROM json_each(?))",
@@ -610,7 +613,7 @@ class SQLiteStorage(Storage):
         return True
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
-                              agents: Mapping[str, str]) -> list[RunRow]:
+                              agents: Mapping[str, str]) -> list[str]:
         marks = ",".join("?" * len(alive_workers))
         orphaned = (f"status IN ('pending', 'running') AND (worker_id IS NULL OR (worker_id NOT IN ({marks}) "
                     "AND worker_id NOT IN (SELECT worker_id FROM workers))) AND (agent_digest IN "
@@ -618,11 +621,13 @@ class SQLiteStorage(Storage):
                     "(SELECT value FROM json_each(?))))")
         served = (*alive_workers, dump(list(agents.values())), dump(list(agents)))
         with self._transaction() as db:
-            rows = db.execute(f"SELECT * FROM runs WHERE {orphaned} ORDER BY rowid", served).fetchall()
+            rows = db.execute(f"SELECT run_id, thread_id FROM runs WHERE {orphaned} ORDER BY rowid", served).fetchall()
             db.execute(f"UPDATE runs SET status = 'pending', worker_id = ?, claim = NULL WHERE {orphaned}",
                        (new_worker_id, *served))
+            db.execute("UPDATE threads SET status = 'busy' WHERE status <> 'busy' AND thread_id IN "
+                       "(SELECT value FROM json_each(?))", (dump(sorted({row[1] for row in rows})),))
         await self._committed()
-        return [run_row(r) for r in rows]
+        return [run_id for run_id, _ in rows]
 
     # -- workers
 

@@ -1,0 +1,173 @@
+"""Restart with a long queue: how soon `backchannel serve` starts the first of N queued runs, how fast they drain.
+
+A runtime that runs nothing (``max_concurrency=0``) queues N one-step runs of the echo agent of
+``bench/server.py``, each on a thread of its own, and closes: the database now holds N pending runs of
+a process that is gone, as after a server was stopped with a full queue. Then ``backchannel serve`` starts
+on that database, and this process watches the runs' rows (every 5 ms): the time from starting the server
+process until the first run leaves ``pending``, and the rate at which all N end (runs/s from the first
+start to the last end). The same with a short queue (the normal rate, and what starting a server costs
+by itself: Python, imports, opening the database), on SQLite and, when there is one, Postgres.
+
+Targets: with 10,000 queued runs, the first starts ≤ 1 s after the server process starts, and the queue
+drains at the short queue's rate (≥ 90 % of it). Usage::
+
+    python bench/restart.py [--quick] [--json] [--postgres URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from server import BACKCHANNEL_AGENT, USER, _process, free_port  # noqa: E402  (sibling scripts)
+from step_overhead import emit_report  # noqa: E402
+
+QUEUES = {"short": 1_000, "long": 10_000}
+TARGETS = {"first_start_s": 1.0, "drain_share": 0.9}
+POLL = 0.01  # seconds between looks for the first run started (ten times that for the end)
+TIME_LIMIT = 600.0
+
+
+async def queue_runs(database: str, count: int) -> None:
+    """Leave ``count`` pending runs of the echo agent in ``database``, queued by a runtime that then closes."""
+    from bench_agents import agent  # written into the work directory, as the server imports it
+
+    from backchannel.runtime import LocalRuntime
+    from backchannel.server.serving import served
+
+    # As the server serves it (with its middleware), so the server takes these runs as its agent's.
+    async with LocalRuntime(database, agents={"echo": served(agent)}, max_concurrency=0) as rt:
+        for start in range(0, count, 200):  # in groups: the backends batch a tick's writes
+            await asyncio.gather(*(rt.runs.create(str(uuid.uuid4()), "echo", input=USER, if_not_exists="create")
+                                   for _ in range(start, min(count, start + 200))))
+
+
+class Watcher:
+    """Counts the runs that left ``pending`` and those that ended, by reading the database."""
+
+    # Cheap, so the watching does not slow the server down: whether one run has left the queue, and
+    # (less often) how many have ended.
+    BEGUN = "SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('running', 'success'))"
+    ENDED = "SELECT count(*) FROM runs WHERE status = 'success'"
+
+    def __init__(self, database: str) -> None:
+        if database.startswith("sqlite:///"):
+            self.conn: Any = sqlite3.connect(database.removeprefix("sqlite:///"), isolation_level=None)
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(database, autocommit=True)
+
+    def begun(self) -> bool:
+        return bool(self._one(self.BEGUN))
+
+    def ended(self) -> int:
+        return self._one(self.ENDED)
+
+    def _one(self, query: str) -> Any:
+        try:
+            return self.conn.execute(query).fetchall()[0][0]  # all read: SQLite's snapshot ends
+        except sqlite3.OperationalError:  # the server is migrating: look again
+            return 0
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def measure(workdir: Path, database: str, count: int) -> dict[str, float]:
+    (workdir / "bench_agents.py").write_text(BACKCHANNEL_AGENT)
+    sys.path.insert(0, str(workdir))
+    try:
+        asyncio.run(queue_runs(database, count))
+    finally:
+        sys.path.remove(str(workdir))
+        sys.modules.pop("bench_agents", None)
+    watcher = Watcher(database)
+    port = free_port()
+    command = [sys.executable, "-m", "backchannel.cli", "serve", "--port", str(port), "--agents",
+               "echo=bench_agents:agent", "--database", database]
+    try:
+        started = time.perf_counter()
+        with _process(command, workdir, workdir / "serve.log") as process:
+            first = None
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"the server exited:\n{(workdir / 'serve.log').read_text()[-3000:]}")
+                if first is None:
+                    first = time.perf_counter() if watcher.begun() else None
+                elif watcher.ended() == count:
+                    now = time.perf_counter()
+                    break
+                if time.perf_counter() - started > TIME_LIMIT:
+                    raise RuntimeError(f"{watcher.ended()} of {count} queued runs ended in {TIME_LIMIT:.0f} s")
+                time.sleep(POLL if first is None else 10 * POLL)
+    finally:
+        watcher.close()
+    assert first is not None
+    return {"first_start_s": first - started, "runs_per_second": count / max(now - first, 1e-9)}
+
+
+def run(postgres: str | None, quick: bool) -> dict[str, Any]:
+    stores = ["sqlite"] + (["postgres"] if postgres else [])
+    queues = {"short": 200, "long": 2_000} if quick else QUEUES
+    results: dict[str, Any] = {"queues": queues, "load_average": os.getloadavg()[0]}
+    for store in stores:
+        for name, count in queues.items():
+            print(f"… {store}, {count:,} queued runs", file=sys.stderr, flush=True)
+            with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp, ExitStack() as stack:
+                if store == "sqlite":
+                    database = f"sqlite:///{tmp}/state.db"
+                else:
+                    from backchannel.runtime.postgres import scratch_schema  # psycopg only with a Postgres
+
+                    database = stack.enter_context(scratch_schema(postgres or "", "bench"))
+                results.setdefault(store, {})[name] = measure(Path(tmp), database, count)
+    if not postgres:
+        results["postgres"] = {"missing": "no Postgres: pass --postgres URL or set BACKCHANNEL_TEST_POSTGRES"}
+    return results
+
+
+def render(results: dict[str, Any], out: Any) -> None:
+    queues = results["queues"]
+    print(f"\nRestart with queued one-step runs: `backchannel serve` started on a database holding them "
+          f"(load average {results['load_average']:.1f})", file=out)
+    print(f"{'':<12}{'queued':>9}{'first start (s)':>17}{'drain (runs/s)':>16}{'vs short':>10}", file=out)
+    for store in ("sqlite", "postgres"):
+        each = results[store]
+        if "missing" in each:
+            print(f"{'Postgres':<12} not measured ({each['missing']})", file=out)
+            continue
+        for name in ("short", "long"):
+            share = each[name]["runs_per_second"] / each["short"]["runs_per_second"]
+            print(f"{'SQLite' if store == 'sqlite' else 'Postgres':<12}{queues[name]:>9,}"
+                  f"{each[name]['first_start_s']:>17.2f}{each[name]['runs_per_second']:>16,.0f}{share:>9.0%}",
+                  file=out)
+    print(f"targets with the long queue: first start ≤ {TARGETS['first_start_s']:.0f} s after the server process "
+          f"starts; drain ≥ {TARGETS['drain_share']:.0%} of the short queue's rate", file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="queues of 200 and 2,000 runs")
+    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout")
+    parser.add_argument("--postgres", default=os.environ.get("BACKCHANNEL_TEST_POSTGRES"),
+                        help="a Postgres URL (each measurement gets a fresh schema in it)")
+    args = parser.parse_args(argv)
+    results = run(args.postgres, args.quick)
+    emit_report(results, [render], args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
