@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypedDict, Unpack
 
 from backchannel.events import EventBus
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 
     from backchannel.agent import Agent
 
-__all__ = ["AssistantsAPI", "HostRunsAPI", "HostRuntime", "RunOptions", "RunsAPI", "Runtime", "StoreAPI",
-           "StreamOptions", "StreamPart", "ThreadsAPI", "WaitOptions", "unexpected_keywords"]
+__all__ = ["AssistantsAPI", "CronFields", "CronOptions", "CronUpdate", "HostRunsAPI", "HostRuntime", "RunOptions",
+           "RunsAPI", "Runtime", "StoreAPI", "StreamOptions", "StreamPart", "ThreadsAPI", "WaitOptions",
+           "unexpected_keywords", "timezone_name"]
 
 Headers = Mapping[str, str] | None
 Params = Mapping[str, Any] | None
@@ -158,6 +160,50 @@ class WaitOptions(RunOptions, total=False):
 
     on_disconnect: str | None
     raise_error: bool
+
+
+class CronFields(TypedDict, total=False):
+    """What ``crons.create``, ``create_for_thread`` and ``update`` take alike: the runs' options, and when the
+    cron runs (``end_time`` a datetime or ISO 8601; ``timezone`` an IANA name or a ``tzinfo``)."""
+
+    input: Any
+    metadata: Mapping[str, Any] | None
+    config: Mapping[str, Any] | None
+    context: Any
+    interrupt_before: str | Sequence[str] | None
+    interrupt_after: str | Sequence[str] | None
+    webhook: str | None
+    stream_mode: StreamModes | None
+    stream_subgraphs: bool | None
+    stream_resumable: bool | None
+    durability: str | None
+    end_time: datetime | str | None
+    enabled: bool | None
+    timezone: str | tzinfo | None
+    headers: Headers
+    params: Params
+
+
+class CronOptions(CronFields, total=False):
+    """The keyword arguments of ``crons.create`` and ``crons.create_for_thread`` beside ``schedule``."""
+
+    checkpoint_during: bool | None
+    multitask_strategy: str | None
+
+
+class CronUpdate(CronFields, total=False):
+    """The keyword arguments of ``crons.update``: what to change (``end_time=None`` clears it)."""
+
+    schedule: str | None
+    on_run_completed: str | None
+
+
+def timezone_name(timezone: str | tzinfo | None) -> str | None:
+    """A cron's timezone as the API takes it, an IANA name, from a name or a ``tzinfo`` (as ``langgraph_sdk``)."""
+    if timezone is None or isinstance(timezone, str):
+        return timezone
+    key = getattr(timezone, "key", None)
+    return key if isinstance(key, str) else timezone.tzname(None)
 
 
 def unexpected_keywords(function: str, given: Mapping[str, Any], accepted: type) -> None:

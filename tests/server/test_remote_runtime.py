@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
 import pytest
 from server_agents import AGENTS
 from server_helpers import ThreadServer, free_port
@@ -140,3 +143,32 @@ async def test_per_call_headers_and_params_go_with_the_request():
     assert (request.headers["x-request-id"], request.headers["x-app"], request.headers["x-api-key"]) == \
         ("abc", "a", "key")
     assert request.url.params["trace"] == "1"
+
+
+async def test_crons_batches_and_bulk_cancels_over_http(remote):
+    async def crons(rt):
+        thread = (await rt.threads.create())["thread_id"]
+        cron = await rt.crons.create_for_thread(thread, "echo", schedule="0 9 * * *", input="hi",
+                                                metadata={"same": "crons"}, timezone=ZoneInfo("Europe/Paris"))
+        other = await rt.crons.create("echo", schedule="0 9 * * 1", on_run_completed="keep",
+                                      end_time=datetime(2099, 1, 1, tzinfo=UTC), metadata={"same": "crons"})
+        changed = await rt.crons.update(other["cron_id"], end_time=None, enabled=False)
+        found = await rt.crons.search(metadata={"same": "crons"}, sort_by="created_at", sort_order="asc",
+                                      select=["cron_id", "timezone", "end_time", "enabled"])
+        counted = await rt.crons.count(metadata={"same": "crons"})
+        fetched = await rt.crons.get(cron["cron_id"])
+        for made in (cron, other):
+            await rt.crons.delete(made["cron_id"])
+        with pytest.raises(NotFoundError):
+            await rt.crons.delete(cron["cron_id"])
+        return ([{k: v for k, v in c.items() if k != "cron_id"} for c in found], counted, set(fetched) == set(cron),
+                changed["end_time"], changed["enabled"], await rt.crons.count(metadata={"same": "crons"}))
+
+    async with LocalRuntime("memory", {"echo": AGENTS["echo"]}) as local:
+        assert await crons(local) == await crons(remote)
+    batch = await remote.runs.create_batch([{"assistant_id": "glacial", "input": "slowly", "on_completion": "keep"}])
+    await remote.runs.cancel_many(thread_id=batch[0]["thread_id"], run_ids=[batch[0]["run_id"]], action="interrupt")
+    assert (await remote.runs.join(batch[0]["thread_id"], batch[0]["run_id"]))["messages"][0]["content"] == "slowly"
+    assert (await remote.runs.get(batch[0]["thread_id"], batch[0]["run_id"]))["status"] == "interrupted"
+    with pytest.raises(InvalidRequestError):
+        await remote.runs.cancel_many()

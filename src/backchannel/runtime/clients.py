@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any, TypedDict, TypeVar, Unpack, get_args
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar, Unpack, get_args
 
 from backchannel._clock import now_iso
 from backchannel._ids import assistant_id_for
@@ -24,6 +24,8 @@ from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError
 from backchannel.messages import HumanMessage
 from backchannel.protocols import (
     Checkpoint,
+    CronOptions,
+    CronUpdate,
     Headers,
     Params,
     RunOptions,
@@ -31,6 +33,7 @@ from backchannel.protocols import (
     StreamOptions,
     StreamPart,
     WaitOptions,
+    timezone_name,
     unexpected_keywords,
 )
 from backchannel.runtime._select import ASSISTANT_FIELDS, CRON_FIELDS, RUN_FIELDS, STATE_FIELDS, THREAD_FIELDS, selected
@@ -80,7 +83,7 @@ from backchannel.runtime.wire import (
 )
 from backchannel.serde import to_jsonable
 
-__all__ = ["AssistantsClient", "CronOptions", "CronUpdate", "CronsClient", "RunsClient", "StoreClient",
+__all__ = ["AssistantsClient", "CronsClient", "RunsClient", "StoreClient",
            "ThreadsClient"]
 
 Opener = Callable[[], Awaitable[None]]  # opens the runtime on first use
@@ -608,41 +611,6 @@ class RunsClient:
             await self._queue.cancel(row, "interrupt")
 
 
-class _CronFields(TypedDict, total=False):
-    """What crons.create, create_for_thread and update take alike: the runs' options, and when the cron runs."""
-
-    input: Any
-    metadata: Mapping[str, Any] | None
-    config: Mapping[str, Any] | None
-    context: Any
-    interrupt_before: str | Sequence[str] | None
-    interrupt_after: str | Sequence[str] | None
-    webhook: str | None
-    stream_mode: StreamModes | None
-    stream_subgraphs: bool | None
-    stream_resumable: bool | None
-    durability: str | None
-    end_time: datetime | str | None
-    enabled: bool | None
-    timezone: str | tzinfo | None
-    headers: Headers
-    params: Params
-
-
-class CronOptions(_CronFields, total=False):
-    """The keyword arguments of ``crons.create`` and ``crons.create_for_thread`` beside ``schedule``."""
-
-    checkpoint_during: bool | None
-    multitask_strategy: str | None
-
-
-class CronUpdate(_CronFields, total=False):
-    """The keyword arguments of ``crons.update``: what to change (``end_time=None`` clears it)."""
-
-    schedule: str | None
-    on_run_completed: str | None
-
-
 # What a cron passes on to each of its runs (runs.create's options).
 _CRON_RUN_OPTIONS = ("input", "metadata", "config", "context", "checkpoint_during", "interrupt_before",
                      "interrupt_after", "webhook", "multitask_strategy", "stream_mode", "stream_subgraphs",
@@ -684,7 +652,7 @@ class CronsClient:
                       on_run_completed: str | None) -> dict[str, Any]:
         await self._open()
         given = {k: v for k, v in options.items() if v is not None}
-        timezone = check_timezone(_timezone_name(given.get("timezone")))
+        timezone = check_timezone(timezone_name(given.get("timezone")))
         run_options = {k: v for k, v in given.items() if k in _CRON_RUN_OPTIONS}
         graph_id, _ = _checked_run(self._registry, assistant_id, run_options)
         now = datetime.now(UTC)
@@ -720,7 +688,7 @@ class CronsClient:
         if "schedule" in given:
             row.schedule, reschedule = check_schedule(given["schedule"]), True
         if "timezone" in given:
-            row.timezone, reschedule = check_timezone(_timezone_name(given["timezone"])), True
+            row.timezone, reschedule = check_timezone(timezone_name(given["timezone"])), True
         if "end_time" in changes:
             row.end_time = utc_text(changes["end_time"]) if changes["end_time"] is not None else None
         if "enabled" in given:
@@ -854,14 +822,6 @@ def _cancel_action(action: str) -> CancelAction:
         if action == known:
             return known
     raise InvalidRequestError(f"cancel action must be 'interrupt' or 'rollback', not {action!r:.80}")
-
-
-def _timezone_name(timezone: str | tzinfo | None) -> str | None:
-    """An IANA timezone name, from a name or a ``tzinfo`` (as ``langgraph_sdk`` sends it)."""
-    if timezone is None or isinstance(timezone, str):
-        return timezone
-    key = getattr(timezone, "key", None)
-    return key if isinstance(key, str) else timezone.tzname(None)
 
 
 def _check_on_disconnect(value: str | None) -> None:

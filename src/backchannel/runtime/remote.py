@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Unpack
 from urllib.parse import quote
 
@@ -26,6 +27,8 @@ from backchannel.errors import (
 )
 from backchannel.protocols import (
     Checkpoint,
+    CronOptions,
+    CronUpdate,
     Headers,
     Params,
     RunOptions,
@@ -33,6 +36,7 @@ from backchannel.protocols import (
     StreamOptions,
     StreamPart,
     WaitOptions,
+    timezone_name,
     unexpected_keywords,
 )
 from backchannel.serde import dumps
@@ -65,6 +69,7 @@ class RemoteRuntime:
         self.threads = RemoteThreads(self._http)
         self.runs = RemoteRuns(self._http)
         self.store = RemoteStore(self._http)
+        self.crons = RemoteCrons(self._http)
 
     def __repr__(self) -> str:
         return f"RemoteRuntime({self.url!r})"
@@ -284,6 +289,18 @@ class RemoteRuns:
         return await self._http.request("GET", f"/threads/{_q(thread_id)}/runs/{_q(run_id)}", headers=headers,
                                         params=params)
 
+    async def create_batch(self, payloads: Sequence[Mapping[str, Any]], *, headers: Headers = None,
+                           params: Params = None) -> list[dict[str, Any]]:
+        return await self._http.request("POST", "/runs/batch", json=[_given(**p) for p in payloads],
+                                        headers=headers, params=params)
+
+    async def cancel_many(self, *, thread_id: str | None = None, run_ids: Sequence[str] | None = None,
+                          status: str | None = None, action: str = "interrupt", headers: Headers = None,
+                          params: Params = None) -> None:
+        await self._http.request("POST", "/runs/cancel", json=_given(thread_id=thread_id, run_ids=run_ids,
+                                                                     status=status),
+                                 headers=headers, params=_merged(params, action=action))
+
     async def list(self, thread_id: str, *, limit: int = 10, offset: int = 0, status: str | None = None,
                    select: Sequence[str] | None = None, headers: Headers = None,
                    params: Params = None) -> list[dict[str, Any]]:
@@ -331,6 +348,60 @@ class RemoteRuns:
             params=_merged(params, stream_mode=dumps(list(modes)) if modes else None,
                            cancel_on_disconnect=cancel_on_disconnect or None),
             headers={**(headers or {}), **({"last-event-id": last_event_id} if last_event_id else {})})
+
+
+class RemoteCrons:
+    """The server's crons."""
+
+    def __init__(self, http: _Http) -> None:
+        self._http = http
+
+    async def create(self, assistant_id: str, *, schedule: str, on_run_completed: str | None = None,
+                     **options: Unpack[CronOptions]) -> dict[str, Any]:
+        unexpected_keywords("create", options, CronOptions)
+        headers, params = options.pop("headers", None), options.pop("params", None)
+        body = _cron_body(options, assistant_id=assistant_id, schedule=schedule, on_run_completed=on_run_completed)
+        return await self._http.request("POST", "/runs/crons", json=body, headers=headers, params=params)
+
+    async def create_for_thread(self, thread_id: str, assistant_id: str, *, schedule: str,
+                                **options: Unpack[CronOptions]) -> dict[str, Any]:
+        unexpected_keywords("create_for_thread", options, CronOptions)
+        headers, params = options.pop("headers", None), options.pop("params", None)
+        return await self._http.request("POST", f"/threads/{_q(thread_id)}/runs/crons", headers=headers,
+                                        json=_cron_body(options, assistant_id=assistant_id, schedule=schedule),
+                                        params=params)
+
+    async def get(self, cron_id: str, *, headers: Headers = None, params: Params = None) -> dict[str, Any]:
+        return await self._http.request("GET", f"/runs/crons/{_q(cron_id)}", headers=headers, params=params)
+
+    async def update(self, cron_id: str, **changes: Unpack[CronUpdate]) -> dict[str, Any]:
+        unexpected_keywords("update", changes, CronUpdate)
+        headers, params = changes.pop("headers", None), changes.pop("params", None)
+        body = _cron_body(changes)
+        if "end_time" in changes and changes["end_time"] is None:
+            body["end_time"] = None  # clears it
+        return await self._http.request("PATCH", f"/runs/crons/{_q(cron_id)}", json=body, headers=headers,
+                                        params=params)
+
+    async def delete(self, cron_id: str, *, headers: Headers = None, params: Params = None) -> None:
+        await self._http.request("DELETE", f"/runs/crons/{_q(cron_id)}", headers=headers, params=params)
+
+    async def search(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                     enabled: bool | None = None, metadata: Mapping[str, Any] | None = None, limit: int = 10,
+                     offset: int = 0, sort_by: str | None = None, sort_order: str | None = None,
+                     select: Sequence[str] | None = None, headers: Headers = None,
+                     params: Params = None) -> list[dict[str, Any]]:
+        return await self._http.request("POST", "/runs/crons/search", headers=headers, params=params, json=_given(
+            assistant_id=assistant_id, thread_id=thread_id, enabled=enabled, metadata=metadata, limit=limit,
+            offset=offset, sort_by=sort_by, sort_order=sort_order, select=select))
+
+    async def count(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                    metadata: Mapping[str, Any] | None = None, headers: Headers = None,
+                    params: Params = None) -> int:
+        count: int = await self._http.request("POST", "/runs/crons/count", headers=headers, params=params,
+                                              json=_given(assistant_id=assistant_id, thread_id=thread_id,
+                                                          metadata=metadata))
+        return count
 
 
 class RemoteStore:
@@ -478,3 +549,13 @@ def _part(event: str, data: list[str], event_id: str | None) -> StreamPart:
 
     text = "\n".join(data)
     return StreamPart(event, json.loads(text) if text.strip() else None, event_id)
+
+
+def _cron_body(options: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """A cron's JSON body: its fields and options (not ``None``), the end time and timezone as the API takes them."""
+    body = _given(**fields, **options)
+    if isinstance(body.get("end_time"), datetime):
+        body["end_time"] = body["end_time"].isoformat()
+    if "timezone" in body:
+        body["timezone"] = timezone_name(body["timezone"])
+    return body
