@@ -184,23 +184,29 @@ def _process(command: list[str], workdir: Path, log: Path) -> Iterator[subproces
 
 def peak_rss_mib(pid: int) -> float:
     """The high-water mark of resident memory of ``pid`` and its children (langgraph dev forks), in MiB."""
+    return memory_mib(pid, "VmHWM")
+
+
+def memory_mib(pid: int, field: str) -> float:
+    """A memory figure of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``), summed over ``pid`` and its children."""
     total = 0
-    for each in [pid, *_children(pid)]:
+    for each in [pid, *children(pid)]:
         try:
             for line in Path(f"/proc/{each}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     total += int(line.split()[1])
         except FileNotFoundError:
             pass
     return total / 1024
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs."""
     try:
         found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except FileNotFoundError:
         return []
-    return [int(c) for child in found for c in [child, *map(str, _children(int(child)))]]
+    return [int(c) for child in found for c in [child, *map(str, children(int(child)))]]
 
 
 USER = {"messages": [{"role": "user", "content": "hello"}]}

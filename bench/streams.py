@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from server import _children, backchannel_server, langgraph_server, peak_rss_mib  # noqa: E402  (sibling scripts)
+from server import backchannel_server, children, langgraph_server, memory_mib, peak_rss_mib  # noqa: E402
 from step_overhead import emit_report  # noqa: E402
 
 TOKENS = 200
@@ -103,7 +103,7 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     """User and system CPU seconds of ``pid`` and its children, from ``/proc``."""
     ticks = os.sysconf("SC_CLK_TCK")
     user = system = 0
-    for each in [pid, *_children(pid)]:
+    for each in [pid, *children(pid)]:
         try:
             fields = Path(f"/proc/{each}/stat").read_text().rpartition(")")[2].split()
         except FileNotFoundError:
@@ -111,18 +111,6 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
         user += int(fields[11])  # utime, stime: fields 14 and 15 of stat
         system += int(fields[12])
     return user / ticks, system / ticks
-
-
-def rss_mib(pid: int) -> float:
-    total = 0
-    for each in [pid, *_children(pid)]:
-        try:
-            for line in Path(f"/proc/{each}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except FileNotFoundError:
-            pass
-    return total / 1024
 
 
 def load(url: str, clients: int, seconds: float, window: tuple[float, float],
@@ -148,7 +136,7 @@ def load(url: str, clients: int, seconds: float, window: tuple[float, float],
 
 def measure(url: str, pid: int, clients: int, settings: Settings) -> dict[str, Any]:
     load(url, 5, 0.0, (0.0, 0.0))  # warm up: five runs
-    baseline = rss_mib(pid)
+    baseline = memory_mib(pid, "VmRSS")
     cpu: dict[str, tuple[float, float]] = {}
     ramp = RUN_SECONDS + 1.0
     window = (ramp, ramp + settings.window)
