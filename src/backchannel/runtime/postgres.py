@@ -604,8 +604,9 @@ class PostgresStorage(Storage):
             if head is None or head[0] != row.checkpoint_id:
                 return False
             await conn.execute("DELETE FROM checkpoints WHERE thread_id = %s", (row.thread_id,))
-            await conn.execute(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES ({', '.join(['%s'] * 9)})",
-                               checkpoint_values(row))
+            values = checkpoint_values(row)
+            placeholders = ", ".join(["%s"] * len(values))
+            await conn.execute(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES ({placeholders})", values)
         return True
 
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:

@@ -692,7 +692,8 @@ class SQLiteStorage(Storage):
             kept = head is not None and head[0] == row.checkpoint_id and not busy
             if kept:
                 db.execute("DELETE FROM checkpoints WHERE thread_id = ?", (row.thread_id,))
-                db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)", checkpoint_values(row))
+                values = checkpoint_values(row)
+                db.execute(f"INSERT INTO checkpoints VALUES ({','.join('?' * len(values))})", values)
         await self._committed()
         return kept
 
