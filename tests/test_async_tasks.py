@@ -92,8 +92,8 @@ async def test_start_returns_at_once_with_the_child_thread_as_task_id(opened):
     found = await rt.threads.search(metadata={"parent_thread_id": "t1"})
     assert [t["thread_id"] for t in found] == [task_id]
 
-    # The parent context travels in the child's input state.
-    values = await values_of(rt, task_id)
+    # The parent context travels in the child's input state (written by the child's run once it begins).
+    values = await wait_until(lambda: values_of(rt, task_id), timeout=30, what="the child's input state")
     assert values["task_id"] == task_id and values["parent_thread_id"] == "t1"
     assert values["parent_assistant_id"] == "supervisor"
 
