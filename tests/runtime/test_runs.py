@@ -7,6 +7,7 @@ from datetime import datetime
 
 import pytest
 from runtime_helpers import contents, echo_agent, eventually, looping_agent, run_status_is, tool_loop, user
+from subagent_helpers import wait_until
 
 from backchannel import (
     InvalidRequestError,
@@ -316,31 +317,31 @@ async def test_timeout_ends_the_run_with_status_timeout(make_runtime):
 
 async def test_many_threads_run_concurrently(make_runtime):
     running, most = 0, 0
+    release = asyncio.Event()
 
     @tool
     async def step(i: int) -> str:
-        """Some work that takes a while."""
+        """Some work that waits until the test has seen how many calls are in flight."""
         nonlocal running, most
         running += 1
         most = max(most, running)
-        await asyncio.sleep(0.2)
+        await release.wait()
         running -= 1
         return "worked"
 
     rt = await make_runtime({"agent": looping_agent(1, tools=[step])})
     threads = [await rt.threads.create() for _ in range(200)]
-    started = time.monotonic()
     runs = [await rt.runs.create(t["thread_id"], "agent", input=user(f"n{i}")) for i, t in enumerate(threads)]
+    # one after the other, a call would never start while another waits: all 200 are in flight at once
+    await wait_until(lambda: running == 200, timeout=60, what="all 200 runs in flight at once")
+    release.set()
     results = await asyncio.gather(*(rt.runs.join(r["thread_id"], r["run_id"]) for r in runs))
-    elapsed = time.monotonic() - started
-    # one after the other they would take 40 s, and never overlap
-    assert most >= 20 and elapsed < 20, f"at most {most} of 200 runs at once; {elapsed:.2f}s in all"
     assert [contents(r)[1:] for r in results] == [["", "worked", "done after 1 steps"]] * 200
     assert {(await rt.runs.get(r["thread_id"], r["run_id"]))["status"] for r in runs} == {"success"}
 
 
-def _gauge():
-    """A tool that records how many of its calls overlap (overall and per thread)."""
+def _gauge(gate: asyncio.Event | None = None):
+    """A tool that records how many of its calls overlap (overall and per thread); its calls wait for ``gate``."""
     seen = {"now": 0, "max": 0, "per_thread": {}, "max_per_thread": 0, "calls": 0}
 
     @tool
@@ -353,6 +354,8 @@ def _gauge():
         seen["max"] = max(seen["max"], seen["now"])
         seen["max_per_thread"] = max(seen["max_per_thread"], per[runtime.thread_id])
         await asyncio.sleep(0.02)
+        if gate is not None:
+            await gate.wait()
         per[runtime.thread_id] -= 1
         seen["now"] -= 1
         return "worked"
@@ -361,11 +364,16 @@ def _gauge():
 
 
 async def test_max_concurrency_bounds_the_runs_in_flight(make_runtime):
-    work, seen = _gauge()
+    gate = asyncio.Event()
+    work, seen = _gauge(gate)
     agent = create_agent(ScriptedModel([tool_loop(1, "work")], loop=True), [work])
     rt = await make_runtime({"agent": agent}, max_concurrency=4)
     threads = [await rt.threads.create() for _ in range(20)]
     runs = [await rt.runs.create(t["thread_id"], "agent", input=user("go")) for t in threads]
+    # the first four runs hold their calls open: four are in flight, and no fifth starts meanwhile
+    await wait_until(lambda: seen["now"] == 4, timeout=60, what="four runs in flight")
+    await asyncio.sleep(0.5)
+    gate.set()
     await asyncio.gather(*(rt.runs.join(r["thread_id"], r["run_id"]) for r in runs))
     assert seen["calls"] == 20
     assert seen["max"] == 4  # reached, never exceeded
