@@ -23,7 +23,7 @@ from backchannel.runtime import open_storage
 from backchannel.runtime.checkpoints import Checkpointer
 
 STEPS = 3
-LEASE = 1.5
+LEASE = 5.0  # a live worker on a loaded machine can miss beats for a second or two: never taken for dead
 WORKER = textwrap.dedent('''
     import asyncio, faulthandler, json, os, signal, sys, time
 
@@ -152,7 +152,7 @@ async def test_a_killed_process_s_runs_finish_on_the_others_once_each_in_order(t
                 rows.update({r: await storage.get_run(r) for r in every})
                 return all(row.status == "success" for row in rows.values())
 
-            await _wait(all_succeeded, 30, "every run to succeed", procs.values(), interval=0.1)
+            await _wait(all_succeeded, LEASE + 60, "every run to succeed", procs.values(), interval=0.1)
             assert Counter(row.status for row in rows.values()) == Counter({"success": len(every)})
             took = time.monotonic() - killed_at
             survivors = {w for w, (info, _) in (await storage.workers()).items() if info["pid"] != doomed.pid}
@@ -203,7 +203,7 @@ async def test_a_killed_process_s_runs_finish_on_the_others_once_each_in_order(t
         intervals.sort()
         for (_, end, turn), (start, _, other) in zip(intervals, intervals[1:]):
             assert turn == other or start >= end, f"{thread}: {turn} and {other} overlap"
-    assert took < LEASE + 20
+    assert took < LEASE + 20  # taken over about a lease after the kill
 
 
 @pytest.mark.parametrize("n", [3])
@@ -216,7 +216,7 @@ async def test_every_run_queued_by_several_processes_runs_exactly_once(tmp_path,
         await _wait(lambda: all((tmp_path / f"{name}.json").exists() for name in names), 30, "the workers to queue",
               procs.values())
         total = len(threads) * n * STEPS
-        await _wait(lambda: sum(what == "end" for _, what, *_ in _log(tmp_path)) >= total, 30, "every step",
+        await _wait(lambda: sum(what == "end" for _, what, *_ in _log(tmp_path)) >= total, 60, "every step",
               procs.values())
         await asyncio.sleep(0.3)
     finally:
@@ -297,7 +297,7 @@ async def test_no_notification_is_lost_or_doubled_when_the_process_running_the_s
             active = [r for p in parents for r in await storage.active_runs(p)]
             return notes if not active and all(len(n) >= tasks for n in notes.values()) else None
 
-        notes = await _wait(reported, 40, "every notification to arrive", procs.values(), interval=0.1)
+        notes = await _wait(reported, LEASE + 60, "every notification to arrive", procs.values(), interval=0.1)
         await asyncio.sleep(2 * LEASE)  # nothing more arrives later
         assert await reported() == notes
         for parent in parents:
