@@ -178,3 +178,36 @@ def test_a_database_file_deleted_or_replaced_under_the_server_refuses_writes(tmp
         assert http.get(f"/threads/{kept}").status_code == 200  # what it has is still readable
     log = (tmp_path / "serve.log").read_text()
     assert log.count(f"was {how}") == 1, log[-3000:]
+
+
+# -- two servers on one SQLite file -------------------------------------------------------------------
+
+
+async def test_a_second_server_on_one_sqlite_file_is_refused_naming_the_first(tmp_path):
+    """Issue 15.10: SQLite has no way for two servers to cancel, follow or take over each other's runs, so the
+    second is refused with a message naming the first; runtimes embedded in other processes still share it."""
+    from storage_fault_agents import echo
+
+    from backchannel.runtime import LocalRuntime
+
+    database = tmp_path / "state.db"
+    first = _server(tmp_path, database).start()
+    try:
+        second = ProcessServer(AGENTS, f"sqlite:///{database}", env=ENV, log=tmp_path / "second.log")
+        with pytest.raises(RuntimeError, match="did not start"):
+            second.start()
+        assert second.process.wait(30) != 0
+        refusal = (tmp_path / "second.log").read_text()
+        assert f"pid {first.process.pid}" in refusal and first.url in refusal and "Postgres" in refusal, refusal
+        with httpx.Client(base_url=first.url, timeout=30) as http:  # the first serves on
+            thread = http.post("/threads", json={}).json()["thread_id"]
+            response = http.post(f"/threads/{thread}/runs/wait", json={"assistant_id": "echo", "input": user("hi")})
+            assert response.json()["messages"][-1]["content"] == "echo: hi"
+        async with LocalRuntime(f"sqlite:///{database}", agents={"echo": echo}) as rt:  # an embedded runtime too
+            values = await rt.runs.wait(None, "echo", input=user("embedded"))
+            assert values["messages"][-1]["content"] == "echo: embedded"
+    finally:
+        first.process.kill()  # kill -9: the file is free for the next server at once
+        first.process.wait(10)
+    with _server(tmp_path, database) as third, httpx.Client(base_url=third.url, timeout=30) as http:
+        assert http.get(f"/threads/{thread}").status_code == 200

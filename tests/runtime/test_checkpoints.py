@@ -1,9 +1,12 @@
 """Checkpoints: one per step, deltas that grow linearly, reading earlier states, and forking from them."""
 
+import asyncio
+
 import pytest
 from runtime_helpers import contents, echo_agent, eventually, looping_agent, user
 
-from backchannel import NotFoundError
+from backchannel import HumanMessage, NotFoundError, RemoveMessage, tool
+from backchannel.messages import REMOVE_ALL_MESSAGES
 
 
 async def _stored_bytes(rt, thread_id):
@@ -167,9 +170,9 @@ async def test_a_supervisor_s_state_stays_cached_through_a_fan_out_of_its_tasks(
     rebuilt = []
     fold = Checkpointer.at
 
-    async def at(self, thread_id, checkpoint_id, reducers):
+    async def at(self, thread_id, checkpoint_id, reducers, **kwargs):
         rebuilt.append(thread_id)
-        return await fold(self, thread_id, checkpoint_id, reducers)
+        return await fold(self, thread_id, checkpoint_id, reducers, **kwargs)
 
     monkeypatch.setattr(Checkpointer, "at", at)
     k = 12
@@ -206,3 +209,118 @@ async def test_a_supervisor_s_state_stays_cached_through_a_fan_out_of_its_tasks(
     tasks = (await rt.threads.get_state("boss"))["values"]["async_tasks"]
     assert len(tasks) == k and {t["status"] for t in tasks.values()} == {"success"}
     assert "boss" not in rebuilt  # its wake-up runs found its state cached, not refolded from storage
+
+
+async def test_deleting_runs_in_any_order_leaves_the_thread_readable_and_usable(make_runtime):
+    """Issue 15.2: checkpoints are deltas chained across runs; deleting a run's must not break the others'."""
+    rt = await make_runtime({"agent": looping_agent(2)})
+    tid = (await rt.threads.create())["thread_id"]
+    runs, states = [], []
+    for word in ("one", "two", "three", "four"):
+        await rt.runs.wait(tid, "agent", input=user(word))
+        runs.append((await rt.runs.list(tid, limit=1))[0]["run_id"])
+        states.append(contents((await rt.threads.get_state(tid))["values"]))  # 6 more messages a run
+
+    async def check(expected_state, kept_runs):
+        for cold in (False, True):
+            if cold:
+                rt.checkpoints.forget(tid)  # read back from storage, not the cached state
+            assert contents((await rt.threads.get_state(tid))["values"]) == expected_state
+            history = await rt.threads.get_history(tid, limit=100)
+            assert len(history) == 6 * len(kept_runs)
+            assert {h["metadata"]["run_id"] for h in history} == set(kept_runs)
+            for h in history[::5]:
+                assert (await rt.threads.get_state(tid, checkpoint_id=h["checkpoint_id"]))["values"] == h["values"]
+
+    await rt.runs.delete(tid, runs[1])  # an earlier run: its checkpoints go, every other state stays
+    await check(states[3], [runs[0], runs[2], runs[3]])
+    await rt.runs.delete(tid, runs[0])  # the first
+    await check(states[3], [runs[2], runs[3]])
+    await rt.runs.delete(tid, runs[3])  # the newest: the thread's state is its newest checkpoint left's
+    await check(states[2], [runs[2]])
+    assert [r["run_id"] for r in await rt.runs.list(tid)] == [runs[2]]
+    result = await rt.runs.wait(tid, "agent", input=user("five"))  # and it goes on from there
+    assert contents(result) == states[2] + contents(result)[len(states[2]):]
+    assert contents(result)[len(states[2]):][0] == "five" and contents(result)[-1] == "done after 2 steps"
+    await rt.runs.delete(tid, runs[2])
+    rt.checkpoints.forget(tid)
+    assert contents((await rt.threads.get_state(tid))["values"]) == contents(result)
+
+
+async def test_deleting_the_run_a_running_run_started_from(make_runtime):
+    """The run being deleted wrote the checkpoint another run, running now, goes on from."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def step(i: int) -> str:
+        """Wait for the test."""
+        entered.set()
+        await release.wait()
+        return "waited"
+
+    rt = await make_runtime({"agent": looping_agent(1, tools=[step]), "quick": echo_agent()})
+    tid = (await rt.threads.create())["thread_id"]
+    await rt.runs.wait(tid, "quick", input=user("first"))
+    first = (await rt.runs.list(tid))[0]["run_id"]
+    second = await rt.runs.create(tid, "agent", input=user("second"))
+    await asyncio.wait_for(entered.wait(), 10)
+    await rt.runs.delete(tid, first)  # the second run's checkpoints so far now stand alone
+    release.set()
+    result = await rt.runs.join(tid, second["run_id"])
+    expected = ["first", "echo: first", "second", "", "waited", "done after 1 steps"]
+    assert contents(result) == expected
+    rt.checkpoints.forget(tid)
+    assert contents((await rt.threads.get_state(tid))["values"]) == expected
+    assert [len(h["values"]["messages"]) for h in await rt.threads.get_history(tid)] == [6, 5, 4, 3]
+
+
+async def test_a_checkpoint_whose_parent_was_deleted_meanwhile_is_written_whole(make_runtime):
+    rt = await make_runtime({"agent": echo_agent()})
+    tid = (await rt.threads.create())["thread_id"]
+    await rt.runs.wait(tid, "agent", input=user("first"))
+    first = (await rt.runs.list(tid))[0]["run_id"]
+    state = await rt.checkpoints.latest(tid, {})  # what a run about to go on from the first's end holds
+    await rt.runs.delete(tid, first)
+    row = await rt.checkpoints.write(tid, state, {"messages": [HumanMessage("more")]}, next_stage="",
+                                     source="update", run_id=None, step=2, reducers={})
+    assert row.whole
+    rt.checkpoints.forget(tid)
+    assert contents((await rt.threads.get_state(tid))["values"]) == ["first", "echo: first", "more"]
+
+
+async def test_a_whole_checkpoint_is_written_where_a_read_would_fold_much_more_than_the_state(make_runtime):
+    rt = await make_runtime({"agent": echo_agent()})
+
+    async def writer(tid):
+        state = await rt.checkpoints.latest(tid, {})
+        return lambda update, step: rt.checkpoints.write(tid, state, update, next_stage="", source="update",
+                                                         run_id=None, step=step, reducers={})
+
+    async def read_back(tid):
+        values = (await rt.threads.get_state(tid))["values"]
+        rt.checkpoints.forget(tid)
+        assert (await rt.threads.get_state(tid))["values"] == values
+        return values
+
+    # a conversation that only grows: every delta is still in the state, nothing is stored twice
+    chat = (await rt.threads.create())["thread_id"]
+    write = await writer(chat)
+    rows = [await write({"messages": [HumanMessage(f"message {i} " + "x" * 300)]}, i) for i in range(300)]
+    assert not any(r.whole for r in rows)
+    # ... until a summary replaces the history: then the small state is written whole at once
+    summary = await write({"messages": [RemoveMessage(REMOVE_ALL_MESSAGES), HumanMessage("summary")]}, 300)
+    assert summary.whole
+    assert contents(await read_back(chat)) == ["summary"]
+    assert len((await rt.threads.get_history(chat, limit=2))[1]["values"]["messages"]) == 300
+
+    # a key rewritten at every step: a read would fold 4 kB a step for a 4 kB state
+    planner = (await rt.threads.create())["thread_id"]
+    write = await writer(planner)
+    plan = "p" * 4000
+    rows = [await write({"plan": f"{i} {plan}"}, i) for i in range(100)]
+    assert 3 <= sum(r.whole for r in rows) <= 10
+    chain = await rt.storage.checkpoint_chain(planner, rows[-1].checkpoint_id)
+    assert chain[0].whole and len(chain) <= 20
+    assert (await read_back(planner))["plan"] == f"99 {plan}"
+    history = await rt.threads.get_history(planner, limit=100)
+    assert [h["values"]["plan"] for h in history] == [f"{i} {plan}" for i in range(99, -1, -1)]

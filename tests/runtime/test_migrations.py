@@ -124,6 +124,7 @@ async def test_a_sqlite_file_from_before_versions_takes_version_1_as_is(tmp_path
 
 async def test_sqlite_checkpoints_written_before_version_2_are_kept(tmp_path, monkeypatch):
     from backchannel.runtime import sqlite as module
+    from backchannel.runtime._rows import checkpoint_values
     from backchannel.runtime.rows import CheckpointRow
 
     url = f"sqlite:///{tmp_path}/state.db"
@@ -136,10 +137,12 @@ async def test_sqlite_checkpoints_written_before_version_2_are_kept(tmp_path, mo
     monkeypatch.setattr(module, "_MIGRATIONS", module._MIGRATIONS[:1])
     old = open_storage(url)
     await old.open()
-    for seq in (1, 2, 3):
-        for thread_id in ("a", "b"):
-            await old.put_checkpoint(checkpoint(thread_id, seq))
     await old.close()
+    with sqlite3.connect(tmp_path / "state.db") as db:  # rows as version 1 wrote them
+        for seq in (1, 2, 3):
+            for thread_id in ("a", "b"):
+                db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)", checkpoint_values(
+                    checkpoint(thread_id, seq))[:9])
 
     monkeypatch.undo()
     storage = open_storage(url)

@@ -282,6 +282,50 @@ async def test_deleting_a_run_s_checkpoints_and_copying_a_thread(storage):
     assert [c.checkpoint_id for c in await storage.list_checkpoints("copy")] == ["c2", "c1"]
 
 
+async def test_a_chain_starts_at_the_nearest_whole_checkpoint(storage):
+    await storage.put_checkpoint(_checkpoint("t", 1, None))
+    await storage.put_checkpoint(_checkpoint("t", 2, "c1"))
+    whole = _checkpoint("t", 3, "c2", delta={"messages": [], "k": 3})
+    whole.whole = True
+    await storage.put_checkpoint(whole)
+    await storage.put_checkpoint(_checkpoint("t", 4, "c3"))
+    await storage.put_checkpoint(_checkpoint("t", 5, "c2"))  # a fork from before the whole checkpoint
+    chain = await storage.checkpoint_chain("t", "c4")
+    assert [(c.checkpoint_id, c.whole) for c in chain] == [("c3", True), ("c4", False)]
+    assert dict(chain[0].delta) == {"messages": [], "k": 3}
+    assert [c.checkpoint_id for c in await storage.checkpoint_chain("t", "c4", seq=4)] == ["c3", "c4"]
+    assert [c.checkpoint_id for c in await storage.checkpoint_chain("t", "c5")] == ["c1", "c2", "c5"]
+
+
+async def test_a_checkpoint_written_after_its_parent_only_while_the_parent_is_there(storage):
+    await storage.put_checkpoint(_checkpoint("t", 1, None, run_id="r1"))
+    assert await storage.put_checkpoint(_checkpoint("t", 2, "c1", run_id="r2"), parent_seq=1)
+    assert await storage.delete_checkpoints_of_run("t", "r2")
+    assert await storage.delete_checkpoints_of_run("t", "r1")
+    assert not await storage.put_checkpoint(_checkpoint("t", 2, "c1", run_id="r3"), parent_seq=1)  # c1 is gone
+    assert await storage.list_checkpoints("t") == []
+
+
+async def test_deleting_a_run_s_checkpoints_stores_their_children_whole(storage):
+    await storage.put_checkpoint(_checkpoint("t", 1, None, run_id="r1"))
+    await storage.put_checkpoint(_checkpoint("t", 2, "c1", run_id="r2"))
+    await storage.put_checkpoint(_checkpoint("t", 3, "c2", run_id="r2"))
+    await storage.put_checkpoint(_checkpoint("t", 4, "c3", run_id="r3"))
+    await storage.put_checkpoint(_checkpoint("t", 5, "c4", run_id=None))
+    assert [c.checkpoint_id for c in await storage.children_of_run("t", "r2")] == ["c4"]
+    assert [c.checkpoint_id for c in await storage.children_of_run("t", "r3")] == ["c5"]
+    # a child not given whole (written since the caller looked): nothing changes
+    assert not await storage.delete_checkpoints_of_run("t", "r2")
+    assert len(await storage.list_checkpoints("t")) == 5
+    child = _checkpoint("t", 4, "c3", run_id="r3", delta={"messages": [], "k": "whole"})
+    child.whole = True
+    assert await storage.delete_checkpoints_of_run("t", "r2", [child])
+    assert [(c.checkpoint_id, c.whole) for c in await storage.list_checkpoints("t")] == [
+        ("c5", False), ("c4", True), ("c1", False)]
+    assert [(c.checkpoint_id, dict(c.delta)) for c in await storage.checkpoint_chain("t", "c5")] == [
+        ("c4", {"messages": [], "k": "whole"}), ("c5", {"k": 1})]
+
+
 async def test_inbox_takes_each_key_once(storage):
     assert await storage.put_inbox("t", "k1", HumanMessage("a", id="m1"), now_iso())
     assert not await storage.put_inbox("t", "k1", HumanMessage("again"), now_iso())

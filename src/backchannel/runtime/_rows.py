@@ -7,14 +7,16 @@ columns in the same order: rows become parameters and come back here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from backchannel.messages import AnyMessage, RemoveMessage, message_from_dict
-from backchannel.runtime.rows import CheckpointRow, CronRow, ItemRow, RunRow, ThreadRow, ThreadStatus
-from backchannel.serde import dumps, json_text
+import orjson
 
-__all__ = ["CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "LazyDelta", "checkpoint_chain",
+from backchannel.messages import AnyMessage, RemoveMessage, message_from_dict
+from backchannel.runtime.rows import CheckpointRow, CronRow, Delta, ItemRow, RunRow, ThreadRow, ThreadStatus, delta_text
+from backchannel.serde import json_text
+
+__all__ = ["CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "chain_is_whole", "checkpoint_chain",
            "checkpoint_row", "checkpoint_values", "cron_filter", "cron_row", "cron_update", "cron_values", "dump",
            "inbox_message", "item_row", "matching_namespaces", "run_row", "run_values", "thread_changes",
            "thread_row", "thread_values"]
@@ -53,8 +55,8 @@ def run_values(row: RunRow) -> tuple[Any, ...]:
 
 
 def checkpoint_values(row: CheckpointRow) -> tuple[Any, ...]:
-    return (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, dumps(row.delta), row.next,
-            dump(row.metadata), row.created_at)
+    return (row.thread_id, row.seq, row.checkpoint_id, row.parent_id, row.run_id, delta_text(row.delta), row.next,
+            dump(row.metadata), row.created_at, row.whole)
 
 
 def thread_changes(*, status: ThreadStatus | None, metadata: dict[str, Any] | None,
@@ -83,30 +85,6 @@ def run_row(row: tuple[Any, ...]) -> RunRow:
                   json.loads(row[14]) if row[14] else None, row[15], row[16], row[17])
 
 
-class LazyDelta(Mapping[str, Any]):
-    """A checkpoint's delta, parsed on first use: most reads of a checkpoint never look at it."""
-
-    __slots__ = ("_text", "_data")
-
-    def __init__(self, text: str) -> None:
-        self._text = text
-        self._data: dict[str, Any] | None = None
-
-    def _parsed(self) -> dict[str, Any]:
-        if self._data is None:
-            self._data = json.loads(self._text)
-        return self._data
-
-    def __getitem__(self, key: str) -> Any:
-        return self._parsed()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._parsed())
-
-    def __len__(self) -> int:
-        return len(self._parsed())
-
-
 def inbox_message(text: str) -> AnyMessage:
     """A message stored in a thread's inbox (only messages go there, never removals)."""
     message = message_from_dict(json.loads(text))
@@ -116,8 +94,9 @@ def inbox_message(text: str) -> AnyMessage:
 
 
 def checkpoint_row(row: tuple[Any, ...]) -> CheckpointRow:
-    return CheckpointRow(row[0], row[2], row[3], row[1], row[4], LazyDelta(row[5]), row[6], json.loads(row[7]),
-                         row[8])
+    # The metadata is the checkpointer's own small dict ({"source", "step"}): orjson reads it exactly.
+    return CheckpointRow(row[0], row[2], row[3], row[1], row[4], Delta(row[5]), row[6], orjson.loads(row[7]),
+                         row[8], bool(row[9]))
 
 
 def item_row(row: tuple[Any, ...]) -> ItemRow:
@@ -125,16 +104,22 @@ def item_row(row: tuple[Any, ...]) -> ItemRow:
 
 
 def checkpoint_chain(rows: Iterable[tuple[Any, ...]], checkpoint_id: str) -> list[CheckpointRow]:
-    """From a thread's checkpoint rows, the chain from its first checkpoint to ``checkpoint_id``."""
+    """From a thread's checkpoint rows, the chain to ``checkpoint_id`` following parents, back to the nearest
+    whole checkpoint (or the first, or as far as ``rows`` go: see :func:`chain_is_whole`)."""
     by_id = {r[2]: r for r in rows}
     chain: list[CheckpointRow] = []
     current: str | None = checkpoint_id if checkpoint_id in by_id else None
     while current is not None:
-        row = by_id[current]
-        chain.append(checkpoint_row(row))
-        current = row[3]
+        row = checkpoint_row(by_id[current])
+        chain.append(row)
+        current = row.parent_id if not row.whole and row.parent_id in by_id else None
     chain.reverse()
     return chain
+
+
+def chain_is_whole(chain: list[CheckpointRow]) -> bool:
+    """Whether a chain starts at a whole checkpoint or the thread's first (not where the rows read ran out)."""
+    return not chain or chain[0].whole or chain[0].parent_id is None
 
 
 def matching_namespaces(joined: Iterable[str], prefix: tuple[str, ...], suffix: tuple[str, ...],

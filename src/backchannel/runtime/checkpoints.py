@@ -2,29 +2,51 @@
 
 A checkpoint stores only what its step changed (the new messages, the updated
 keys) and the stage the run continues at. A thread's state at a checkpoint is
-the fold of the deltas from its first checkpoint along the parent links, so
-storage grows linearly with the conversation. The newest state of recently
-used threads is kept in memory, so a run never refolds a thread it just wrote.
+the fold of the deltas along the parent links, from the thread's first
+checkpoint or from the nearest *whole* one, which stores the whole state: so
+storage grows linearly with the conversation, and reading a state costs about
+what it returns. A whole checkpoint is written where the changes a read would
+fold outweigh the state they make (messages replaced or removed, a key rewritten
+at every step): the state's own size is looked at each time that fold has
+doubled, so looking costs little. Deleting a run's checkpoints makes the
+checkpoints that followed them whole, so every other state stays as it was.
+
+The newest state of recently used threads is kept in memory, so a run never
+refolds a thread it just wrote. Reads that only render (history, a state at a
+checkpoint) fold JSON values and build no message objects.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backchannel._clock import now_iso
-from backchannel.errors import NotFoundError
+from backchannel.errors import ConflictError, NotFoundError
 from backchannel.events import Event, EventBus
-from backchannel.messages import new_id
-from backchannel.runtime.rows import CheckpointRow, RunClaim
+from backchannel.messages import (
+    REMOVE_ALL_MESSAGES,
+    AnyMessage,
+    RemoveMessage,
+    message_to_dict,
+    messages_from_input,
+    new_id,
+)
+from backchannel.runtime.rows import CheckpointRow, Delta, RunClaim, delta_text
 from backchannel.runtime.storage import CheckpointStorage
+from backchannel.serde import dumps, to_jsonable
 from backchannel.state import MessageList, Reducer, apply_update, snapshot
 
 __all__ = ["Checkpointer", "Recorder", "ThreadState"]
 
 IDLE_STATES_KEPT = 512  # newest states cached beyond those of the runs executing
+_LOOK_FROM = 64 * 1024  # bytes: below this, a state's fold is cheap whatever it holds
+_DELETE_TRIES = 5  # a run's checkpoints deleted while others are written after them: tries
+_FOLD_SLICE = 512  # checkpoints folded between two chances for other tasks to run
 
 
 @dataclass(slots=True)
@@ -34,6 +56,9 @@ class ThreadState:
     values: dict[str, Any]
     head: CheckpointRow | None
     newest: bool = False  # known to be the thread's newest state: a write appends after its head
+    folded: int = 0  # bytes a read of this state folds: its nearest whole checkpoint and the deltas since
+    looked: int = 0  # ``folded`` when the state's own size was last compared with it
+    rendered: dict[str, tuple[AnyMessage, dict[str, Any]]] = field(default_factory=dict)  # by message id
 
     @property
     def next_stage(self) -> str:
@@ -63,20 +88,79 @@ class Checkpointer:
         if cached is not None and _same(cached.head, head):
             self._latest.move_to_end(thread_id)
             return cached
-        state = await self.at(thread_id, head.checkpoint_id, reducers) if head else ThreadState(empty_state(), None)
+        state = (await self.at(thread_id, head.checkpoint_id, reducers, seq=head.seq) if head
+                 else ThreadState(empty_state(), None))
         state.newest = True
         self._remember(thread_id, state)
         return state
 
-    async def at(self, thread_id: str, checkpoint_id: str, reducers: Mapping[str, Reducer]) -> ThreadState:
+    async def at(self, thread_id: str, checkpoint_id: str, reducers: Mapping[str, Reducer], *,
+                 seq: int | None = None) -> ThreadState:
         """The thread's state at ``checkpoint_id`` (a fresh copy, folded from the deltas)."""
-        chain = await self.storage.checkpoint_chain(thread_id, checkpoint_id)
+        chain = await self._chain(thread_id, checkpoint_id, seq)
+        first = chain[0]
+        if first.whole:
+            values = _whole_values(first.delta)
+        else:
+            values = empty_state()
+            apply_update(values, first.delta, reducers)
+        for row in chain[1:]:
+            apply_update(values, row.delta, reducers)
+        looked = len(delta_text(first.delta)) if first.whole else 0
+        return ThreadState(values, chain[-1], folded=sum(len(delta_text(r.delta)) for r in chain), looked=looked)
+
+    async def current(self, thread_id: str,
+                      reducers: Mapping[str, Reducer]) -> tuple[dict[str, Any], CheckpointRow | None]:
+        """The thread's newest state as JSON values, with its checkpoint: rendered from the cached state when
+        there is one, else folded as JSON (a read builds no message objects)."""
+        head = await self.storage.head_checkpoint(thread_id)
+        if head is None:
+            return {}, None
+        cached = self._latest.get(thread_id)
+        if cached is not None and _same(cached.head, head):
+            self._latest.move_to_end(thread_id)
+            return self.jsonable(thread_id, cached.values), head
+        return await self.view(thread_id, head.checkpoint_id, reducers, seq=head.seq)
+
+    async def view(self, thread_id: str, checkpoint_id: str, reducers: Mapping[str, Reducer], *,
+                   seq: int | None = None) -> tuple[dict[str, Any], CheckpointRow]:
+        """The thread's state at ``checkpoint_id`` as JSON values, with its checkpoint (a read: no objects built)."""
+        chain = await self._chain(thread_id, checkpoint_id, seq)
+        [values] = await _fold_json(chain, reducers, {checkpoint_id})
+        return values, chain[-1]
+
+    async def history(self, thread_id: str, rows: list[CheckpointRow],
+                      reducers: Mapping[str, Reducer]) -> list[tuple[CheckpointRow, dict[str, Any]]]:
+        """The thread's state at each of ``rows`` (its checkpoints, newest first) as JSON values, with its row:
+        folded forward once along their chain, from the nearest whole checkpoint before them. A row no longer
+        stored (pruned since it was listed) is left out."""
+        wanted = {r.checkpoint_id for r in rows}
+        found: dict[str, dict[str, Any]] = {}
+        for target in rows:
+            if target.checkpoint_id not in found:
+                chain = await self.storage.checkpoint_chain(thread_id, target.checkpoint_id, target.seq)
+                on_chain = [r.checkpoint_id for r in chain if r.checkpoint_id in wanted - found.keys()]
+                found.update(zip(on_chain, await _fold_json(chain, reducers, set(on_chain)), strict=True))
+        return [(r, found[r.checkpoint_id]) for r in rows if r.checkpoint_id in found]
+
+    async def _chain(self, thread_id: str, checkpoint_id: str, seq: int | None) -> list[CheckpointRow]:
+        chain = await self.storage.checkpoint_chain(thread_id, checkpoint_id, seq)
         if not chain:
             raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
-        values = empty_state()
-        for row in chain:
-            apply_update(values, row.delta, reducers)
-        return ThreadState(values, chain[-1])
+        return chain
+
+    def jsonable(self, thread_id: str, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` (a state of the thread) as JSON-able data. Each message is rendered once while the
+        thread's state is cached (messages are never changed once recorded); a copy each time."""
+        cached = self._latest.get(thread_id)
+        rendered = cached.rendered if cached is not None else {}
+        out: dict[str, Any] = {}
+        for key, value in values.items():
+            if key == "messages" and isinstance(value, list):
+                out[key] = [dict(_rendered(m, rendered)) for m in value]
+            else:
+                out[key] = to_jsonable(value)
+        return out
 
     def _remember(self, thread_id: str, state: ThreadState) -> None:
         self._latest[thread_id] = state
@@ -101,8 +185,8 @@ class Checkpointer:
         if head is None:
             return False
         state = await self.at(thread_id, head.checkpoint_id, reducers)
-        whole = CheckpointRow(thread_id, head.checkpoint_id, None, head.seq, head.run_id, snapshot(state.values),
-                              head.next, head.metadata, head.created_at)
+        whole = CheckpointRow(thread_id, head.checkpoint_id, None, head.seq, head.run_id, _whole_delta(state),
+                              head.next, head.metadata, head.created_at, whole=True)
         if not await self.storage.keep_only_checkpoint(whole):
             return False
         self.forget(thread_id)
@@ -122,14 +206,158 @@ class Checkpointer:
             # A fork from an earlier checkpoint: append after the newest.
             newest = await self.storage.head_checkpoint(thread_id)
             seq = max(seq, newest.seq + 1) if newest is not None else seq
+        parent = state.head
+        delta = Delta.of(update)
+        state.folded += len(delta.text)
+        whole = self._whole_if_due(state, update)
         row = CheckpointRow(
-            thread_id, new_id(), state.head.checkpoint_id if state.head else None, seq, run_id,
-            update, next_stage, {"source": source, "step": step}, now_iso())
-        await self.storage.put_checkpoint(row, claim)
+            thread_id, new_id(), parent.checkpoint_id if parent else None, seq, run_id,
+            delta if whole is None else whole, next_stage, {"source": source, "step": step}, now_iso(),
+            whole is not None)
+        if not await self.storage.put_checkpoint(row, claim,
+                                                 parent_seq=None if row.whole or parent is None else parent.seq):
+            # Its parent is gone (its run was deleted meanwhile): the state is recorded whole.
+            row.delta, row.whole = _whole_delta(state), True
+            await self.storage.put_checkpoint(row, claim)
+        if row.whole:
+            state.folded = state.looked = len(delta_text(row.delta))
         state.head = row
         state.newest = True
         self._remember(thread_id, state)
         return row
+
+    def _whole_if_due(self, state: ThreadState, update: Mapping[str, Any]) -> Delta | None:
+        """The whole state, when a read would fold more than twice its size (looked at each time the fold doubles,
+        or when the update removed most messages)."""
+        if state.folded < _LOOK_FROM or (state.folded < 2 * state.looked and not _removes_most(update, state.values)):
+            return None
+        state.looked = state.folded
+        whole = _whole_delta(state)
+        return whole if state.folded > 2 * len(whole.text) else None
+
+    async def delete_run(self, thread_id: str, run_id: str, reducers: Mapping[str, Reducer]) -> None:
+        """Delete the checkpoints a run wrote. The checkpoints that followed them become whole, so every other
+        checkpoint keeps its state (a run's own deleted, the thread's state is its newest left, as in LangGraph)."""
+        for _ in range(_DELETE_TRIES):
+            children = await self.storage.children_of_run(thread_id, run_id)
+            whole = [replace(child, delta=_whole_delta(await self.at(thread_id, child.checkpoint_id, reducers,
+                                                                     seq=child.seq)), whole=True)
+                     for child in children]
+            if await self.storage.delete_checkpoints_of_run(thread_id, run_id, whole):
+                self.forget(thread_id)
+                return
+        raise ConflictError(f"checkpoints keep being written after those of run {run_id}: try again")
+
+
+def _whole_delta(state: ThreadState) -> Delta:
+    """The state as a whole checkpoint stores it (encoded now: the live values keep changing)."""
+    return Delta(dumps(state.values))
+
+
+def _whole_values(delta: Mapping[str, Any]) -> dict[str, Any]:
+    """The values a whole checkpoint stores, with message objects."""
+    values = dict(delta)
+    values["messages"] = MessageList(messages_from_input(values.get("messages") or []))
+    return values
+
+
+def _removes_most(update: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+    """Whether an update removed at least as many messages as remain (a summary that replaced the history)."""
+    messages = update.get("messages")
+    if not isinstance(messages, list):
+        return False
+    removed = [m for m in messages if isinstance(m, RemoveMessage)]
+    return bool(removed) and (any(m.id == REMOVE_ALL_MESSAGES for m in removed)
+                              or len(removed) >= len(values.get("messages", ())))
+
+
+def _rendered(message: AnyMessage, rendered: dict[str, tuple[AnyMessage, dict[str, Any]]]) -> dict[str, Any]:
+    hit = rendered.get(message.id)
+    if hit is None or hit[0] is not message:
+        hit = rendered[message.id] = (message, message_to_dict(message))
+    return hit[1]
+
+
+_MESSAGE_TYPES = frozenset({"human", "ai", "system", "tool"})
+
+
+def _is_stored(message: Any) -> bool:
+    """Whether a stored message is a message dict as written from a message object (or a removal)."""
+    if not isinstance(message, dict):
+        return False
+    kind = message.get("type")
+    return kind == "remove" or (kind in _MESSAGE_TYPES and "id" in message and "additional_kwargs" in message)
+
+
+async def _fold_json(chain: list[CheckpointRow], reducers: Mapping[str, Reducer],
+                     wanted: set[str]) -> list[dict[str, Any]]:
+    """The states at the ``wanted`` checkpoints of a chain (in its order), folded as JSON values. The deltas
+    are parsed a slice at a time (their texts joined: one parse), and other tasks run between slices."""
+    fold = _JSONFold(reducers)
+    states = []
+    for start in range(0, len(chain), _FOLD_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        rows = chain[start:start + _FOLD_SLICE]
+        for row, data in zip(rows, json.loads(f"[{','.join(delta_text(r.delta) for r in rows)}]"), strict=True):
+            fold.apply(data, whole=row.whole)
+            if row.checkpoint_id in wanted:
+                states.append(fold.snapshot())
+    return states
+
+
+class _JSONFold:
+    """A state folded from checkpoints as JSON values, messages as their dicts: what a read returns, nothing more."""
+
+    def __init__(self, reducers: Mapping[str, Reducer]) -> None:
+        self.reducers = reducers
+        self.values: dict[str, Any] = {"messages": []}
+        self.positions: dict[str, int] = {}
+
+    def apply(self, data: Mapping[str, Any], *, whole: bool) -> None:
+        if whole:
+            self.values = {**data, "messages": []}
+            self.positions = {}
+        for key, value in data.items():
+            if key == "messages":
+                for message in _json_messages(value):
+                    self._add(message)
+            elif whole:
+                continue
+            elif key in self.reducers and key in self.values:
+                self.values[key] = self.reducers[key](self.values[key], value)
+            else:
+                self.values[key] = value
+
+    def _add(self, message: dict[str, Any]) -> None:
+        messages, positions = self.values["messages"], self.positions
+        if message["type"] == "remove":
+            if message["id"] == REMOVE_ALL_MESSAGES:
+                messages.clear()
+                positions.clear()
+            elif (at := positions.pop(message["id"], None)) is not None:
+                del messages[at]
+                for i in range(at, len(messages)):
+                    positions[messages[i]["id"]] = i
+            return
+        at = positions.get(message["id"])
+        if at is None:
+            positions[message["id"]] = len(messages)
+            messages.append(message)
+        else:
+            messages[at] = message
+
+    def snapshot(self) -> dict[str, Any]:
+        """The values now (the message list copied: later checkpoints change it)."""
+        return {**self.values, "messages": list(self.values["messages"])}
+
+
+def _json_messages(value: Any) -> list[dict[str, Any]]:
+    """Stored messages as message dicts (those written from message objects already are)."""
+    if isinstance(value, list) and all(_is_stored(m) for m in value):
+        return value
+    return [{"type": "remove", "id": m.id} if isinstance(m, RemoveMessage) else message_to_dict(m)
+            for m in messages_from_input(value)]
 
 
 class Recorder:

@@ -298,8 +298,11 @@ class ThreadsClient:
                         params: Params = None) -> dict[str, Any]:
         """The thread's state (at a checkpoint, if given); an agent here has no subgraphs to include."""
         row = await self.row(thread_id)
-        state = await self._queue.state_of(row, checkpoint_id or checkpoint_id_of(checkpoint))
-        return selected([self._render_state(row, state.values, state.head)], select, STATE_FIELDS, "state")[0]
+        at = checkpoint_id or checkpoint_id_of(checkpoint)
+        reducers = self._registry.reducers_for(row)
+        values, head = (await self._checkpoints.view(thread_id, at, reducers) if at
+                        else await self._checkpoints.current(thread_id, reducers))
+        return selected([self._render_state(row, values, head)], select, STATE_FIELDS, "state")[0]
 
     async def update_state(self, thread_id: str, values: Mapping[str, Any] | Sequence[Any] | None, *,
                            as_node: str | None = None, checkpoint: Checkpoint = None,
@@ -353,22 +356,19 @@ class ThreadsClient:
             if found is None:
                 raise NotFoundError(f"thread {thread_id!r} has no checkpoint {before_id!r}")
             before_seq = found.seq
-        rows = await self._storage.list_checkpoints(thread_id, before_seq=before_seq)
+        rows = await self._storage.list_checkpoints(thread_id, before_seq=before_seq,
+                                                    limit=None if metadata else limit)
         if metadata:
             rows = [c for c in rows if all(checkpoint_metadata(row, c).get(k) == v for k, v in metadata.items())]
-        history = []
-        reducers = self._registry.reducers_for(row)
-        for found_row in rows[:limit]:
-            try:
-                state = await self._checkpoints.at(thread_id, found_row.checkpoint_id, reducers)
-            except NotFoundError:  # pruned since it was listed (keep_latest): history without it
-                continue
-            history.append(self._render_state(row, state.values, found_row))
+        # A checkpoint pruned since it was listed (keep_latest) is left out.
+        history = [self._render_state(row, values, found)
+                   for found, values in await self._checkpoints.history(thread_id, rows[:limit],
+                                                                        self._registry.reducers_for(row))]
         return selected(history, select, STATE_FIELDS, "state")
 
     async def _render(self, row: ThreadRow) -> dict[str, Any]:
-        state = await self._queue.state_of(row)
-        return render_thread(row, state.values, state.head)
+        values, head = await self._checkpoints.current(row.thread_id, self._registry.reducers_for(row))
+        return render_thread(row, values, head)
 
     def _render_state(self, row: ThreadRow, values: dict[str, Any], head: CheckpointRow | None) -> dict[str, Any]:
         agent = self._registry.graphs.get(row.metadata.get("graph_id", ""))
@@ -509,9 +509,9 @@ class RunsClient:
         row = await self._row(thread_id, run_id)
         if row.status in ("pending", "running"):
             await self._queue.cancel(row, "interrupt", wait=True)
-        await self._storage.delete_checkpoints_of_run(thread_id, run_id)
+        thread = await self._threads.row(thread_id)
+        await self._queue.checkpoints.delete_run(thread_id, run_id, self._registry.reducers_for(thread))
         await self._storage.delete_run(run_id)
-        self._queue.checkpoints.forget(thread_id)
 
     async def join(self, thread_id: str, run_id: str, *, headers: Headers = None,
                    params: Params = None) -> dict[str, Any]:

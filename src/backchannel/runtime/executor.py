@@ -306,15 +306,16 @@ class Executor:
 
     async def _cancelled(self, row: RunRow, action: CancelAction, trace: Trace) -> RunStatus:
         self.checkpoints.forget(row.thread_id)
+        thread = await self.storage.get_thread(row.thread_id)
         error = None
         if action == "rollback":
-            with contextlib.suppress(StorageUnavailableError):  # then its steps stay: the run is kept, interrupted
-                await self.storage.delete_checkpoints_of_run(row.thread_id, row.run_id)
+            if thread is not None:
+                with contextlib.suppress(StorageUnavailableError):  # then its steps stay: the run is kept, interrupted
+                    await self.checkpoints.delete_run(row.thread_id, row.run_id, self.registry.reducers_for(thread))
         else:
             error = {"error": "UserInterrupt",
                      "message": f"interrupt requested via POST /threads/{row.thread_id}/runs/{row.run_id}/cancel"}
         # As in LangGraph, a cancelled run leaves its thread idle: "interrupted" means waiting for a person.
-        thread = await self.storage.get_thread(row.thread_id)
         waiting = thread is not None and bool(thread.interrupts)
         await self._record_end(RunEnd(row.run_id, row.thread_id, "interrupted",
                                       "interrupted" if waiting else "idle", now_iso(), thread_error=error,

@@ -331,11 +331,16 @@ class MemoryStorage(Storage):
 
     # -- checkpoints
 
-    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None) -> None:
+    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
+                             parent_seq: int | None = None) -> bool:
         self._held(claim)
+        by_id = self._checkpoint_by_id.setdefault(row.thread_id, {})
+        if parent_seq is not None and row.parent_id not in by_id:
+            return False
         row = _copy(row)
         self._checkpoints.setdefault(row.thread_id, []).append(row)
-        self._checkpoint_by_id.setdefault(row.thread_id, {})[row.checkpoint_id] = row
+        by_id[row.checkpoint_id] = row
+        return True
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         row = self._checkpoint_by_id.get(thread_id, {}).get(checkpoint_id)
@@ -350,14 +355,15 @@ class MemoryStorage(Storage):
         rows = [r for r in reversed(self._checkpoints.get(thread_id, ())) if before_seq is None or r.seq < before_seq]
         return [_copy(r) for r in rows[:limit]]
 
-    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str,
+                               seq: int | None = None) -> list[CheckpointRow]:
         by_id = self._checkpoint_by_id.get(thread_id, {})
         chain: list[CheckpointRow] = []
         current: str | None = checkpoint_id if checkpoint_id in by_id else None
         while current is not None:
             row = by_id[current]
             chain.append(_copy(row))
-            current = row.parent_id
+            current = row.parent_id if not row.whole and row.parent_id in by_id else None
         chain.reverse()
         return chain
 
@@ -366,10 +372,21 @@ class MemoryStorage(Storage):
         if row is not None:
             row.next = next
 
-    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
-        kept = [r for r in self._checkpoints.get(thread_id, ()) if r.run_id != run_id]
+    async def children_of_run(self, thread_id: str, run_id: str) -> list[CheckpointRow]:
+        rows = self._checkpoints.get(thread_id, ())
+        ids = {r.checkpoint_id for r in rows if r.run_id == run_id}
+        return [_copy(r) for r in rows if r.run_id != run_id and not r.whole and r.parent_id in ids]
+
+    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str,
+                                        whole: Sequence[CheckpointRow] = ()) -> bool:
+        replaced = {r.checkpoint_id: r for r in whole}
+        if {r.checkpoint_id for r in await self.children_of_run(thread_id, run_id)} - replaced.keys():
+            return False
+        kept = [_copy(replaced[r.checkpoint_id]) if r.checkpoint_id in replaced else r
+                for r in self._checkpoints.get(thread_id, ()) if r.run_id != run_id]
         self._checkpoints[thread_id] = kept
         self._checkpoint_by_id[thread_id] = {r.checkpoint_id: r for r in kept}
+        return True
 
     async def keep_only_checkpoint(self, row: CheckpointRow) -> bool:
         rows = self._checkpoints.get(row.thread_id)

@@ -37,6 +37,7 @@ from backchannel.runtime._rows import (
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
+    chain_is_whole,
     checkpoint_chain,
     checkpoint_row,
     checkpoint_values,
@@ -68,6 +69,7 @@ from backchannel.runtime.rows import (
     ThreadStatus,
     ThreadTTL,
     cron_order,
+    delta_text,
     epoch_of,
     thread_order,
 )
@@ -148,6 +150,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # a worker's queue in order: its claims read only the runs they take, however many wait
         "CREATE INDEX pending_by_worker ON runs(worker_id, seq) WHERE status = 'pending'",
     ),
+    (  # a checkpoint may hold its thread's whole state (a state is folded from the nearest one)
+        "ALTER TABLE checkpoints ADD COLUMN whole BOOLEAN NOT NULL DEFAULT FALSE",
+    ),
 )
 
 _THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, interrupts, error"
@@ -157,7 +162,10 @@ _RUN_COLUMNS = ("run_id, thread_id, assistant_id, created_at, updated_at, status
 # A run's write under a claim (see the fencing rule): the claim's run row, locked against a take-over until
 # the write commits; a take-over that committed first makes it empty.
 _HELD = "SELECT 1 FROM runs WHERE run_id = %s AND claim = %s AND status = 'running' FOR SHARE"
-_CHECKPOINT_COLUMNS = "thread_id, seq, checkpoint_id, parent_id, run_id, delta, next, metadata, created_at"
+_CHECKPOINT_COLUMNS = "thread_id, seq, checkpoint_id, parent_id, run_id, delta, next, metadata, created_at, whole"
+# The checkpoints of other runs (or of none) whose parent a run wrote.
+_CHILDREN_OF_RUN = ("thread_id = %(thread)s AND run_id IS DISTINCT FROM %(run)s AND NOT whole AND parent_id IN "
+                    "(SELECT checkpoint_id FROM checkpoints WHERE thread_id = %(thread)s AND run_id = %(run)s)")
 _ITEM_COLUMNS = "namespace, key, value::text, created_at, updated_at, ttl_minutes"
 _ACTIVE_RUN = "SELECT 1 FROM runs WHERE thread_id = %s AND status IN ('pending', 'running')"
 
@@ -223,7 +231,7 @@ class PostgresStorage(Storage):
     async def _one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> tuple[Any, ...] | None:
         return await self._fetch(sql, params, "one")
 
-    async def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    async def _all(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:
         return await self._fetch(sql, params, "all")
 
     async def _write(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
@@ -485,15 +493,16 @@ class PostgresStorage(Storage):
         rows = await self._all("SELECT run_id, spans FROM run_spans WHERE thread_id = %s", (thread_id,))
         return {run_id: json.loads(spans) for run_id, spans in rows}
 
-    async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any]) -> None:
+    async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         """Run a statement of a run's; under a claim, ``sql`` names ``held`` (see :data:`_HELD`), whose two
-        parameters come first, and returns its count of rows."""
+        parameters come first, and returns a row whose first column is its count of rows (the row is returned)."""
         if claim is None:
             await self._write(sql, params)
-            return
+            return None
         found = await self._write_one(sql, (*claim, *params))
         if not (found and found[0]):
             raise LostRunError(f"run {claim.run_id} is no longer this process's to run")
+        return found
 
     async def drop_pending_run(self, run_id: str, action: CancelAction, now: str) -> bool:
         # The thread's update sees the runs as they were before the statement, the dropped one still
@@ -548,14 +557,20 @@ class PostgresStorage(Storage):
 
     # -- checkpoints
 
-    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None) -> None:
-        values = ", ".join(["%s"] * 9)
+    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
+                             parent_seq: int | None = None) -> bool:
+        values = checkpoint_values(row)
+        insert = f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {', '.join(['%s'] * len(values))}"
+        # The parent's row is locked until this commits, so a deletion of its run waits and then sees this one.
+        parent = ("TRUE" if parent_seq is None else
+                  "EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s FOR KEY SHARE)")
+        parent_params = () if parent_seq is None else (row.thread_id, row.parent_id)
         if claim is None:
-            await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES ({values})",
-                              checkpoint_values(row))
-            return
-        await self._fenced(claim, f"WITH held AS ({_HELD}), i AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) "
-                                  f"SELECT {values} FROM held) SELECT count(*) FROM held", checkpoint_values(row))
+            return bool(await self._write(f"{insert} WHERE {parent}", (*values, *parent_params)))
+        found = await self._fenced(
+            claim, f"WITH held AS ({_HELD}), i AS ({insert} FROM held WHERE {parent} RETURNING 1) "
+            "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM i)", (*values, *parent_params))
+        return bool(found and found[1])
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = await self._one(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints "
@@ -578,19 +593,55 @@ class PostgresStorage(Storage):
                                "ORDER BY seq DESC LIMIT %s", (*params, limit))
         return [checkpoint_row(r) for r in rows]
 
-    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str,
+                               seq: int | None = None) -> list[CheckpointRow]:
+        target = "%(seq)s" if seq is not None else (
+            "(SELECT seq FROM checkpoints WHERE thread_id = %(thread)s AND checkpoint_id = %(id)s)")
+        params = {"thread": thread_id, "id": checkpoint_id, "seq": seq}
         rows = await self._all(
-            f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = %s AND seq <= "
-            "(SELECT seq FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s) ORDER BY seq",
-            (thread_id, thread_id, checkpoint_id))
-        return checkpoint_chain(rows, checkpoint_id)
+            f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = %(thread)s AND seq <= {target} "
+            "AND seq >= coalesce((SELECT seq FROM checkpoints WHERE thread_id = %(thread)s AND whole "
+            f"AND seq <= {target} ORDER BY seq DESC LIMIT 1), 0) ORDER BY seq", params)
+        chain = checkpoint_chain(rows, checkpoint_id)
+        if not chain_is_whole(chain):  # a fork from before that whole checkpoint: read back to the first
+            rows = await self._all(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = %(thread)s "
+                                   f"AND seq <= {target} ORDER BY seq", params)
+            chain = checkpoint_chain(rows, checkpoint_id)
+        return chain
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         await self._write("UPDATE checkpoints SET next = %s WHERE thread_id = %s AND checkpoint_id = %s",
                           (next, thread_id, checkpoint_id))
 
-    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
-        await self._write("DELETE FROM checkpoints WHERE thread_id = %s AND run_id = %s", (thread_id, run_id))
+    async def children_of_run(self, thread_id: str, run_id: str) -> list[CheckpointRow]:
+        rows = await self._all(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE {_CHILDREN_OF_RUN} "
+                               "ORDER BY seq", {"thread": thread_id, "run": run_id})
+        return [checkpoint_row(r) for r in rows]
+
+    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str,
+                                        whole: Sequence[CheckpointRow] = ()) -> bool:
+        return await _whole(self._delete_checkpoints_of_run(thread_id, run_id, whole))
+
+    async def _delete_checkpoints_of_run(self, thread_id: str, run_id: str, whole: Sequence[CheckpointRow]) -> bool:
+        params = {"thread": thread_id, "run": run_id}
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                # Deleted first: a checkpoint being written after one of these holds its row until it commits,
+                # and is then among the children found below.
+                deleted = [r[0] for r in await (await conn.execute(
+                    "DELETE FROM checkpoints WHERE thread_id = %(thread)s AND run_id = %(run)s "
+                    "RETURNING checkpoint_id", params)).fetchall()]
+                children = await (await conn.execute(
+                    "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND NOT whole "
+                    "AND parent_id = ANY(%s)", (thread_id, deleted))).fetchall()
+                if {c for (c,) in children} - {r.checkpoint_id for r in whole}:
+                    raise _ChildrenChanged
+                for row in whole:
+                    await conn.execute("UPDATE checkpoints SET delta = %s, whole = TRUE WHERE thread_id = %s "
+                                       "AND checkpoint_id = %s", (delta_text(row.delta), thread_id, row.checkpoint_id))
+        except _ChildrenChanged:
+            return False
+        return True
 
     async def keep_only_checkpoint(self, row: CheckpointRow) -> bool:
         return await _whole(self._keep_only_checkpoint(row))
@@ -611,8 +662,8 @@ class PostgresStorage(Storage):
 
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
         await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT %s, seq, checkpoint_id, "
-                          "parent_id, run_id, delta, next, metadata, created_at FROM checkpoints WHERE thread_id = %s",
-                          (new_thread_id, thread_id))
+                          "parent_id, run_id, delta, next, metadata, created_at, whole FROM checkpoints "
+                          "WHERE thread_id = %s", (new_thread_id, thread_id))
 
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
                                 claim: RunClaim | None = None) -> None:
@@ -890,6 +941,10 @@ class PostgresCoordinator(Coordinator):
                 return
             message = json.loads(found[0])
         self._receive(message)
+
+
+class _ChildrenChanged(Exception):
+    """A checkpoint was written after one of a run's being deleted: the deletion is rolled back."""
 
 
 class _Write(NamedTuple):

@@ -231,14 +231,15 @@ class RunQueue:
         if row.status in ("error", "timeout"):
             result = {"__error__": render_error(row.error or {})}
         elif stream is not None and stream.final_values is not None:
-            result = to_jsonable(stream.final_values)  # this run's own end state, whatever queued run came next
+            # this run's own end state, whatever queued run came next
+            result = self.checkpoints.jsonable(row.thread_id, stream.final_values)
             if stream.interrupts:
                 result["__interrupt__"] = [interrupt_part(i) for i in stream.interrupts]
         else:  # a run that ended in another process, or before a restart
             thread = await self.storage.get_thread(row.thread_id)
             if thread is None:
                 return {}
-            result = to_jsonable((await self.state_of(thread)).values)
+            result, _ = await self.checkpoints.current(thread.thread_id, self.registry.reducers_for(thread))
             if thread.status == "interrupted" and thread.interrupts:
                 result["__interrupt__"] = [interrupt_part(i) for i in thread.interrupts]
         if row.kwargs.get("temporary"):

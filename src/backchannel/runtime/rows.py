@@ -7,14 +7,17 @@ typo in one is a type error rather than a run that never matches a query.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, get_args
 
-__all__ = ["ACTIVE", "CRON_SORT", "TERMINAL", "CancelAction", "CheckpointRow", "CronRow", "ItemRow", "PruneStrategy",
-           "RunClaim", "RunEnd", "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL", "cron_order",
-           "epoch_of", "thread_order"]
+from backchannel.serde import dumps
+
+__all__ = ["ACTIVE", "CRON_SORT", "TERMINAL", "CancelAction", "CheckpointRow", "CronRow", "Delta", "ItemRow",
+           "PruneStrategy", "RunClaim", "RunEnd", "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL",
+           "cron_order", "delta_text", "epoch_of", "thread_order"]
 
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 # A run's own "interrupted" means it was cancelled; a run that paused for a human succeeded (its thread waits).
@@ -78,19 +81,76 @@ class RunClaim(NamedTuple):
     token: str
 
 
+class Delta(Mapping[str, Any]):
+    """What a checkpoint stores, with its JSON text: encoded once when written, parsed on first use when read
+    back (most reads of a checkpoint never look inside it)."""
+
+    __slots__ = ("_text", "_data", "_json")
+
+    def __init__(self, text: str | None = None, data: Mapping[str, Any] | None = None) -> None:
+        if text is None and data is None:
+            raise ValueError("a delta needs its text or its data")
+        self._text = text
+        self._data = data  # as written (messages as objects), or as parsed from the text
+        self._json: Mapping[str, Any] | None = None  # as parsed from the text
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Delta:
+        """A delta written now: ``data`` encoded at once (the storage and the size accounting both need it)."""
+        return cls(dumps(data), data)
+
+    @property
+    def text(self) -> str:
+        """The JSON text, as stored."""
+        if self._text is None:
+            self._text = dumps(self._data)
+        return self._text
+
+    def as_json(self) -> Mapping[str, Any]:
+        """The data as JSON values (messages as dicts), parsed from the text once."""
+        if self._json is None:
+            self._json = json.loads(self.text)
+        return self._json
+
+    def _parsed(self) -> Mapping[str, Any]:
+        if self._data is None:
+            self._data = self._json = json.loads(self.text)
+        return self._data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._parsed()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parsed())
+
+    def __len__(self) -> int:
+        return len(self._parsed())
+
+
+def delta_text(delta: Mapping[str, Any]) -> str:
+    """A checkpoint's delta as stored: its JSON text (its size is what reading it back costs)."""
+    return delta.text if isinstance(delta, Delta) else dumps(delta)
+
+
 @dataclass(slots=True)
 class CheckpointRow:
-    """One recorded step: the state change (``delta``) and the stage the run continues at."""
+    """One recorded step: the state change (``delta``) and the stage the run continues at.
+
+    A ``whole`` checkpoint stores the thread's whole state instead of a change: reading a state
+    starts from the nearest one, and one is written where folding the changes since the last
+    would cost much more than reading the state itself (see :mod:`backchannel.runtime.checkpoints`).
+    """
 
     thread_id: str
     checkpoint_id: str
     parent_id: str | None
     seq: int
     run_id: str | None
-    delta: Mapping[str, Any]  # the state update; messages as objects or as their dicts
+    delta: Mapping[str, Any]  # the state update (or the whole state); messages as objects or as their dicts
     next: str  # the stage to continue at; "" when the run ended there
     metadata: dict[str, Any]
     created_at: str
+    whole: bool = False
 
 
 @dataclass(slots=True)

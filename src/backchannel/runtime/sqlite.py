@@ -28,11 +28,11 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import IO, Any
 
 from backchannel._clock import now_iso
 from backchannel._ids import new_id
-from backchannel.errors import LostRunError, StorageUnavailableError
+from backchannel.errors import ConflictError, LostRunError, StorageUnavailableError
 from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
@@ -40,6 +40,7 @@ from backchannel.runtime._rows import (
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
+    chain_is_whole,
     checkpoint_chain,
     checkpoint_row,
     checkpoint_values,
@@ -71,11 +72,17 @@ from backchannel.runtime.rows import (
     ThreadStatus,
     ThreadTTL,
     cron_order,
+    delta_text,
     epoch_of,
     thread_order,
 )
 from backchannel.runtime.storage import Storage, pick_claims
 from backchannel.serde import dumps
+
+try:
+    import fcntl
+except ImportError:  # Windows: a second server on one file is not detected
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["SQLiteStorage"]
 
@@ -161,6 +168,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE items ADD COLUMN expires_at REAL",
         "CREATE INDEX items_expiring ON items(expires_at) WHERE expires_at IS NOT NULL",
     ),
+    (
+        # A checkpoint may hold its thread's whole state (a state is folded from the nearest one).
+        "ALTER TABLE checkpoints ADD COLUMN whole INTEGER NOT NULL DEFAULT 0",
+    ),
 )
 
 _ITEM_COLUMNS = "namespace, key, value, created_at, updated_at, ttl_minutes, expires_at"
@@ -175,6 +186,11 @@ _LOG_EVERY = 60.0  # seconds: a failing database is logged at most this often
 # SQLite errors that say the database cannot take writes now (rather than that a statement is wrong).
 _UNAVAILABLE = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN",
                 "SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_NOMEM", "SQLITE_PROTOCOL")
+
+
+# The checkpoints of other runs (or of none) whose parent a run wrote: thread and run, twice.
+_CHILDREN_OF_RUN = ("thread_id = ? AND run_id IS NOT ? AND NOT whole AND parent_id IN "
+                    "(SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? AND run_id = ?)")
 
 
 class SQLiteStorage(Storage):
@@ -192,6 +208,7 @@ class SQLiteStorage(Storage):
         self._failure_logged = False  # a failure was logged, and no commit has worked since
         self._failure_logged_at = -_LOG_EVERY
         self._refused: StorageUnavailableError | None = None  # the file is gone: no more writes
+        self._served: IO[str] | None = None  # the lock this process's server holds on the file
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -356,6 +373,32 @@ class SQLiteStorage(Storage):
             return
         self._checkpointed_changes = db.total_changes
 
+    def serve_alone(self, url: str) -> None:
+        # A lock on a file beside the database, held while this process lives: the kernel releases it
+        # when the process ends, however it ends.
+        if self.path == ":memory:" or fcntl is None or self._served is not None:
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        lock = open(f"{self.path}.server", "a+")  # noqa: SIM115 (held open for the life of the server)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            try:
+                first = json.loads(lock.read())
+            except ValueError:
+                first = {}
+            lock.close()
+            raise ConflictError(
+                f"another backchannel server (pid {first.get('pid', '?')}, {first.get('url', '?')}) serves "
+                f"{self.path}: two servers on one SQLite file could not cancel, follow or take over each "
+                "other's runs. Use that server, another file, or a Postgres database (which several servers "
+                "share)") from None
+        lock.truncate(0)
+        lock.write(json.dumps({"pid": os.getpid(), "url": url}))
+        lock.flush()
+        self._served = lock
+
     async def open(self) -> None:
         if self._db is not None:
             return
@@ -389,6 +432,9 @@ class SQLiteStorage(Storage):
                 self._checkpoint_timer = None
             self._finalizer()  # closing the last connection to the file checkpoints it
             self._db = None
+        if self._served is not None:
+            self._served.close()  # the next server may take the file
+            self._served = None
 
     # -- threads
 
@@ -550,15 +596,15 @@ class SQLiteStorage(Storage):
                                             "'running'", claim).fetchone() is None:
             raise LostRunError(f"run {claim.run_id} is no longer this process's to run")
 
-    async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any]) -> None:
-        """Run one statement of a run's, if its claim holds."""
+    async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any]) -> int:
+        """Run one statement of a run's, if its claim holds; returns the rows it changed."""
         if claim is None:
-            await self._write(sql, params)
-            return
+            return await self._write(sql, params)
         with self._transaction() as db:
             self._hold(db, claim)
-            db.execute(sql, params)
+            changed = db.execute(sql, params).rowcount
         await self._committed()
+        return changed
 
     async def release_run(self, claim: RunClaim, now: str) -> bool:
         changed = await self._write(
@@ -649,8 +695,16 @@ class SQLiteStorage(Storage):
 
     # -- checkpoints
 
-    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None) -> None:
-        await self._fenced(claim, "INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?)", checkpoint_values(row))
+    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
+                             parent_seq: int | None = None) -> bool:
+        values = checkpoint_values(row)
+        if parent_seq is None:
+            await self._fenced(claim, "INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?)", values)
+            return True
+        return bool(await self._fenced(
+            claim, "INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM checkpoints "
+            "WHERE thread_id = ? AND seq = ? AND checkpoint_id = ?)",
+            (*values, row.thread_id, parent_seq, row.parent_id)))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
@@ -673,16 +727,49 @@ class SQLiteStorage(Storage):
                                (*params, -1 if limit is None else limit)).fetchall()
         return [checkpoint_row(r) for r in rows]
 
-    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
-        rows = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? ORDER BY seq", (thread_id,)).fetchall()
-        return checkpoint_chain(rows, checkpoint_id)
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str,
+                               seq: int | None = None) -> list[CheckpointRow]:
+        db = self.db
+        if seq is None:
+            found = db.execute("SELECT seq FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
+                               (thread_id, checkpoint_id)).fetchone()
+            if found is None:
+                return []
+            seq = int(found[0])
+        start = db.execute("SELECT seq FROM checkpoints WHERE thread_id = ? AND seq <= ? AND whole "
+                           "ORDER BY seq DESC LIMIT 1", (thread_id, seq)).fetchone()
+        rows = db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
+                          (thread_id, start[0] if start else 0, seq)).fetchall()
+        chain = checkpoint_chain(rows, checkpoint_id)
+        if not chain_is_whole(chain):  # a fork from before that whole checkpoint: read back to the first
+            rows = db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND seq <= ? ORDER BY seq",
+                              (thread_id, seq)).fetchall()
+            chain = checkpoint_chain(rows, checkpoint_id)
+        return chain
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         await self._write("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
                           (next, thread_id, checkpoint_id))
 
-    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
-        await self._write("DELETE FROM checkpoints WHERE thread_id = ? AND run_id = ?", (thread_id, run_id))
+    async def children_of_run(self, thread_id: str, run_id: str) -> list[CheckpointRow]:
+        rows = self.db.execute(f"SELECT * FROM checkpoints WHERE {_CHILDREN_OF_RUN} ORDER BY seq",
+                               (thread_id, run_id, thread_id, run_id)).fetchall()
+        return [checkpoint_row(r) for r in rows]
+
+    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str,
+                                        whole: Sequence[CheckpointRow] = ()) -> bool:
+        replaced = {r.checkpoint_id for r in whole}
+        with self._transaction() as db:
+            children = db.execute(f"SELECT checkpoint_id FROM checkpoints WHERE {_CHILDREN_OF_RUN}",
+                                  (thread_id, run_id, thread_id, run_id)).fetchall()
+            if {c for (c,) in children} - replaced:
+                return False
+            for row in whole:
+                db.execute("UPDATE checkpoints SET delta = ?, whole = 1 WHERE thread_id = ? AND checkpoint_id = ?",
+                           (delta_text(row.delta), thread_id, row.checkpoint_id))
+            db.execute("DELETE FROM checkpoints WHERE thread_id = ? AND run_id = ?", (thread_id, run_id))
+        await self._committed()
+        return True
 
     async def keep_only_checkpoint(self, row: CheckpointRow) -> bool:
         with self._transaction() as db:
@@ -699,7 +786,8 @@ class SQLiteStorage(Storage):
 
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
         await self._write("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
-                          "metadata, created_at FROM checkpoints WHERE thread_id = ?", (new_thread_id, thread_id))
+                          "metadata, created_at, whole FROM checkpoints WHERE thread_id = ?",
+                          (new_thread_id, thread_id))
 
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
                                 claim: RunClaim | None = None) -> None:

@@ -206,13 +206,22 @@ class WorkerStorage(Protocol):
         storage one process uses at a time (memory; SQLite, whose runtimes each run their own runs)."""
         return None
 
+    def serve_alone(self, url: str) -> None:
+        """Take the storage for this process's server, listening at ``url``, where another server on it
+        could not follow, cancel or take over this one's runs (SQLite): a second server is refused with a
+        :class:`~backchannel.errors.ConflictError` naming the first. A no-op for storages servers share."""
+        return None
+
 
 class CheckpointStorage(Protocol):
     """Checkpoints (each step's state change) and the tool results of a parallel batch not yet checkpointed."""
 
     @abc.abstractmethod
-    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None) -> None:
-        """Append a checkpoint (written by a run: under its ``claim``, see the fencing rule)."""
+    async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
+                             parent_seq: int | None = None) -> bool:
+        """Append a checkpoint (written by a run: under its ``claim``, see the fencing rule). With ``parent_seq``
+        (the seq of its parent as the writer read it), only while that parent is there: ``False``, and nothing
+        written, when it is gone (its run was deleted meanwhile)."""
 
     @abc.abstractmethod
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
@@ -228,16 +237,26 @@ class CheckpointStorage(Protocol):
         """A thread's checkpoints, newest first."""
 
     @abc.abstractmethod
-    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str) -> list[CheckpointRow]:
-        """The checkpoints from the thread's first up to ``checkpoint_id``, following parents."""
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str,
+                               seq: int | None = None) -> list[CheckpointRow]:
+        """The checkpoints up to ``checkpoint_id`` (whose ``seq`` the caller may know), following parents back
+        to the nearest whole checkpoint, or to the thread's first: what its state is folded from."""
 
     @abc.abstractmethod
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         """Change the stage a checkpoint continues at."""
 
     @abc.abstractmethod
-    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str) -> None:
-        """Delete the checkpoints one run wrote (a rollback)."""
+    async def children_of_run(self, thread_id: str, run_id: str) -> list[CheckpointRow]:
+        """The checkpoints of other runs (or of none) whose parent the run wrote, and that are not whole:
+        deleting the run's checkpoints would leave them without the state they change."""
+
+    @abc.abstractmethod
+    async def delete_checkpoints_of_run(self, thread_id: str, run_id: str,
+                                        whole: Sequence[CheckpointRow] = ()) -> bool:
+        """Delete the checkpoints one run wrote, and store ``whole`` (its :meth:`children_of_run`, each now
+        with the whole state) in their children's place, in one transaction. ``False``, and nothing
+        changed, when a child not in ``whole`` is there (written meanwhile): look for them again."""
 
     @abc.abstractmethod
     async def keep_only_checkpoint(self, row: CheckpointRow) -> bool:

@@ -16,7 +16,6 @@ from backchannel.hitl import check_resume
 from backchannel.messages import messages_from_input
 from backchannel.runtime.rows import CheckpointRow, CronRow, ItemRow, RunRow, ThreadRow
 from backchannel.runtime.run_options import check_delay, check_stream_modes
-from backchannel.serde import to_jsonable
 
 __all__ = ["BUSY", "MULTITASK_STRATEGIES", "MultitaskStrategy", "check_namespace", "check_run_arguments",
            "checkpoint_id_of", "checkpoint_metadata", "input_update", "render_cron", "render_error", "render_item",
@@ -136,18 +135,19 @@ def render_cron(row: CronRow) -> dict[str, Any]:
 
 
 def render_thread(row: ThreadRow, values: dict[str, Any] | None, head: CheckpointRow | None) -> dict[str, Any]:
-    """A thread as LangGraph returns it, with its state's ``values`` (``None`` before its first checkpoint)."""
+    """A thread as LangGraph returns it, with its state's ``values`` (JSON-able; ``None`` before its first
+    checkpoint)."""
     return {"thread_id": row.thread_id, "created_at": row.created_at, "updated_at": row.updated_at,
             "state_updated_at": head.created_at if head else row.updated_at, "metadata": row.metadata,
             "status": row.status, "config": {},
-            "values": to_jsonable(values) if values is not None and head is not None else None,
+            "values": values if head is not None else None,
             "interrupts": _interrupts_by_task(row), "error": row.error}
 
 
 def render_state(row: ThreadRow, values: dict[str, Any], head: CheckpointRow | None,
                  next_nodes: list[str]) -> dict[str, Any]:
-    """A thread's state at checkpoint ``head`` as LangGraph returns it (a ThreadState);
-    ``next_nodes`` are the agent's nodes the run continues at."""
+    """A thread's state at checkpoint ``head`` as LangGraph returns it (a ThreadState), its ``values``
+    JSON-able; ``next_nodes`` are the agent's nodes the run continues at."""
     if head is None:
         return {"values": {}, "next": [], "tasks": [], "metadata": None, "created_at": None, "checkpoint": None,
                 "parent_checkpoint": None, "interrupts": [], "checkpoint_id": None, "parent_checkpoint_id": None}
@@ -159,7 +159,7 @@ def render_state(row: ThreadRow, values: dict[str, Any], head: CheckpointRow | N
     ref = {"checkpoint_id": head.checkpoint_id, "thread_id": row.thread_id, "checkpoint_ns": ""}
     parent = ({"checkpoint_id": head.parent_id, "thread_id": row.thread_id, "checkpoint_ns": ""}
               if head.parent_id else None)
-    return {"values": to_jsonable(values), "next": next_nodes, "tasks": tasks,
+    return {"values": values, "next": next_nodes, "tasks": tasks,
             "metadata": checkpoint_metadata(row, head), "created_at": head.created_at,
             "checkpoint": ref, "parent_checkpoint": parent, "interrupts": interrupts,
             "checkpoint_id": head.checkpoint_id, "parent_checkpoint_id": head.parent_id}

@@ -110,6 +110,7 @@ def serve(agents: Mapping[str, Agent], *, host: str = "127.0.0.1", port: int = D
     runtime = LocalRuntime(database or DEFAULT_STORE, {graph_id: served(a) for graph_id, a in agents.items()},
                            public_url=url, lease=lease, heartbeat_interval=min(5.0, lease / 5),
                            max_concurrency=max_concurrency, thread_ttl=thread_ttl, store_ttl=store_ttl)
+    runtime.storage.serve_alone(url)  # a second server on one SQLite file is refused, naming this one
     names = [host, urllib.parse.urlsplit(url).hostname or host]
     browsers = default_policy(api_key=api_key, cors_origins=cors_origins, allowed_hosts=allowed_hosts,
                               served_names=names)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from backchannel.protocols import StreamPart
-from backchannel.server.routing import Endpoint, JSONResponse, Query, dump, query_int, read_body, runtime_of
+from backchannel.server.routing import (
+    Endpoint,
+    JSONResponse,
+    Query,
+    dump,
+    query_int,
+    read_body,
+    render_json,
+    runtime_of,
+)
 from backchannel.server.schemas import (
     HistorySearch,
     StateCheckpoint,
@@ -90,15 +101,27 @@ async def update_state(request: Request) -> Response:
 
 
 async def get_history(request: Request) -> Response:
-    return JSONResponse(await runtime_of(request).threads.get_history(
+    return _json_list(await runtime_of(request).threads.get_history(
         request.path_params["thread_id"], limit=query_int(request, "limit", 10, minimum=1),
         before=request.query_params.get("before") or None))
 
 
 async def search_history(request: Request) -> Response:
     body = await read_body(request, HistorySearch)
-    return JSONResponse(await runtime_of(request).threads.get_history(request.path_params["thread_id"],
-                                                                      **dump(body, exclude=("checkpoint",))))
+    return _json_list(await runtime_of(request).threads.get_history(request.path_params["thread_id"],
+                                                                    **dump(body, exclude=("checkpoint",))))
+
+
+def _json_list(items: list[Any]) -> Response:
+    """A JSON list sent an item at a time: a long thread's history is tens of megabytes, and encoding it in
+    one go would hold every other request back."""
+    async def chunks() -> AsyncIterator[bytes]:
+        for i, item in enumerate(items):
+            yield (b"," if i else b"[") + render_json(item)
+            await asyncio.sleep(0)
+        yield b"]" if items else b"[]"
+
+    return StreamingResponse(chunks(), media_type="application/json")
 
 
 async def join_thread_stream(request: Request) -> StreamingBody:
