@@ -16,7 +16,7 @@ import orjson
 
 from backchannel.messages import AIMessage, HumanMessage, RemoveMessage, SystemMessage, ToolMessage, message_to_dict
 
-__all__ = ["dumps", "json_text", "to_jsonable"]
+__all__ = ["dumps", "json_text", "loads", "to_jsonable"]
 
 _MESSAGE_TYPES = (SystemMessage, HumanMessage, AIMessage, ToolMessage)
 
@@ -72,3 +72,12 @@ def json_text(value: Any, default: Callable[[Any], Any], fallback: json.JSONEnco
 def dumps(value: Any) -> str:
     """Compact JSON of ``value``, with messages and other known objects converted."""
     return json_text(value, _default, _FALLBACK)
+
+
+def loads(text: str) -> Any:
+    """JSON text parsed by orjson (several times faster on a long state), or by the standard library for
+    what orjson refuses and :func:`dumps` may have written (integers past 64 bits)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)

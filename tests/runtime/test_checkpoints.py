@@ -324,3 +324,38 @@ async def test_a_whole_checkpoint_is_written_where_a_read_would_fold_much_more_t
     assert (await read_back(planner))["plan"] == f"99 {plan}"
     history = await rt.threads.get_history(planner, limit=100)
     assert [h["values"]["plan"] for h in history] == [f"{i} {plan}" for i in range(99, -1, -1)]
+
+
+async def test_history_taken_back_from_the_cached_state_is_the_history_read_from_storage(make_runtime, monkeypatch):
+    rt = await make_runtime({"agent": looping_agent(2)})
+    tid = (await rt.threads.create())["thread_id"]
+    await rt.runs.wait(tid, "agent", input=user("one"))
+    first = (await rt.threads.get_state(tid))["values"]["messages"][0]
+    await rt.threads.update_state(tid, {"messages": [RemoveMessage(id=first["id"])]})
+    await rt.threads.update_state(tid, {"note": "a key besides messages"})
+    await rt.runs.wait(tid, "agent", input=user("two"))
+    last = (await rt.threads.get_state(tid))["values"]["messages"][-1]
+    await rt.threads.update_state(tid, {"messages": [{**last, "content": "replaced"}]})  # same id: a replacement
+    await rt.threads.update_state(tid, {"messages": [HumanMessage("three")]})
+
+    reads = 0
+    chain = rt.storage.checkpoint_chain
+
+    async def counted(*args, **kwargs):
+        nonlocal reads
+        reads += 1
+        return await chain(*args, **kwargs)
+
+    monkeypatch.setattr(rt.storage, "checkpoint_chain", counted)
+    recent = await rt.threads.get_history(tid, limit=2)
+    assert reads == 0  # the last step only appended a message: taken back from the cached state
+    cached = await rt.threads.get_history(tid, limit=30)
+    rt.checkpoints.forget(tid)
+    assert await rt.threads.get_history(tid, limit=30) == cached
+    assert cached[:2] == recent
+    counts = [len(h["values"]["messages"]) for h in reversed(cached)]
+    # run one (1-6), the removal (5), the note (5), run two (6-11), the replacement (11), a message (12)
+    assert counts == [1, 2, 3, 4, 5, 6, 5, 5, 6, 7, 8, 9, 10, 11, 11, 12]
+    assert [m["content"] for m in cached[1]["values"]["messages"]][-1] == "replaced"
+    assert [m["content"] for m in cached[2]["values"]["messages"]][-1] != "replaced"
+    assert "note" not in cached[-7]["values"] and cached[-8]["values"]["note"] == "a key besides messages"

@@ -19,7 +19,6 @@ checkpoint) fold JSON values and build no message objects.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -38,7 +37,7 @@ from backchannel.messages import (
 )
 from backchannel.runtime.rows import CheckpointRow, Delta, RunClaim, delta_text
 from backchannel.runtime.storage import CheckpointStorage
-from backchannel.serde import dumps, to_jsonable
+from backchannel.serde import dumps, loads, to_jsonable
 from backchannel.state import MessageList, Reducer, apply_update, snapshot
 
 __all__ = ["Checkpointer", "Recorder", "ThreadState"]
@@ -47,6 +46,7 @@ IDLE_STATES_KEPT = 512  # newest states cached beyond those of the runs executin
 _LOOK_FROM = 64 * 1024  # bytes: below this, a state's fold is cheap whatever it holds
 _DELETE_TRIES = 5  # a run's checkpoints deleted while others are written after them: tries
 _FOLD_SLICE = 512  # checkpoints folded between two chances for other tasks to run
+_COUNTS_KEPT = 128  # newest checkpoints whose message counts a cached state keeps
 
 
 @dataclass(slots=True)
@@ -59,6 +59,13 @@ class ThreadState:
     folded: int = 0  # bytes a read of this state folds: its nearest whole checkpoint and the deltas since
     looked: int = 0  # ``folded`` when the state's own size was last compared with it
     rendered: dict[str, tuple[AnyMessage, dict[str, Any]]] = field(default_factory=dict)  # by message id
+    counts: dict[str, int] = field(default_factory=dict)  # messages at its latest checkpoints (by id), oldest first
+
+    def count(self, row: CheckpointRow) -> None:
+        """Note how many messages the state holds at ``row`` (what a history taken back from it needs)."""
+        self.counts[row.checkpoint_id] = len(self.values.get("messages") or ())
+        if len(self.counts) > _COUNTS_KEPT:
+            del self.counts[next(iter(self.counts))]
 
     @property
     def next_stage(self) -> str:
@@ -104,10 +111,16 @@ class Checkpointer:
         else:
             values = empty_state()
             apply_update(values, first.delta, reducers)
-        for row in chain[1:]:
+        state = ThreadState(values, chain[-1], folded=sum(len(delta_text(r.delta)) for r in chain),
+                            looked=len(delta_text(first.delta)) if first.whole else 0)
+        counted = len(chain) - _COUNTS_KEPT
+        if counted <= 0:
+            state.count(first)
+        for i, row in enumerate(chain[1:], 1):
             apply_update(values, row.delta, reducers)
-        looked = len(delta_text(first.delta)) if first.whole else 0
-        return ThreadState(values, chain[-1], folded=sum(len(delta_text(r.delta)) for r in chain), looked=looked)
+            if i >= counted:
+                state.count(row)
+        return state
 
     async def current(self, thread_id: str,
                       reducers: Mapping[str, Reducer]) -> tuple[dict[str, Any], CheckpointRow | None]:
@@ -132,16 +145,35 @@ class Checkpointer:
     async def history(self, thread_id: str, rows: list[CheckpointRow],
                       reducers: Mapping[str, Reducer]) -> list[tuple[CheckpointRow, dict[str, Any]]]:
         """The thread's state at each of ``rows`` (its checkpoints, newest first) as JSON values, with its row:
-        folded forward once along their chain, from the nearest whole checkpoint before them. A row no longer
-        stored (pruned since it was listed) is left out."""
+        taken back from the cached state while the steps between only appended messages, the others folded
+        forward once along their chain, from the nearest whole checkpoint before them. A row no longer stored
+        (pruned since it was listed) is left out."""
         wanted = {r.checkpoint_id for r in rows}
-        found: dict[str, dict[str, Any]] = {}
+        found = self._unfolded(thread_id, rows)
         for target in rows:
             if target.checkpoint_id not in found:
                 chain = await self.storage.checkpoint_chain(thread_id, target.checkpoint_id, target.seq)
                 on_chain = [r.checkpoint_id for r in chain if r.checkpoint_id in wanted - found.keys()]
                 found.update(zip(on_chain, await _fold_json(chain, reducers, set(on_chain)), strict=True))
         return [(r, found[r.checkpoint_id]) for r in rows if r.checkpoint_id in found]
+
+    def _unfolded(self, thread_id: str, rows: list[CheckpointRow]) -> dict[str, dict[str, Any]]:
+        """The states at the first of ``rows`` that the cached state gives without a read: its own (when it is the
+        first), then each parent's, while the step after it only appended messages (they are dropped again)."""
+        cached = self._latest.get(thread_id)
+        if cached is None or cached.head is None or not rows or rows[0].checkpoint_id != cached.head.checkpoint_id:
+            return {}
+        values = self.jsonable(thread_id, cached.values)
+        messages = values.get("messages", [])
+        found, kept = {rows[0].checkpoint_id: values}, len(messages)
+        for newer, older in zip(rows, rows[1:]):
+            counts = cached.counts
+            appended = _appended(newer, counts.get(newer.checkpoint_id), counts.get(older.checkpoint_id))
+            if appended is None or newer.parent_id != older.checkpoint_id or appended > kept:
+                break
+            kept -= appended
+            found[older.checkpoint_id] = {**values, "messages": messages[:kept]}
+        return found
 
     async def _chain(self, thread_id: str, checkpoint_id: str, seq: int | None) -> list[CheckpointRow]:
         chain = await self.storage.checkpoint_chain(thread_id, checkpoint_id, seq)
@@ -151,13 +183,15 @@ class Checkpointer:
 
     def jsonable(self, thread_id: str, values: Mapping[str, Any]) -> dict[str, Any]:
         """``values`` (a state of the thread) as JSON-able data. Each message is rendered once while the
-        thread's state is cached (messages are never changed once recorded); a copy each time."""
+        thread's state is cached (messages are never changed once recorded), and its dict is shared by every
+        rendering of it until then: read-only, like the message it renders (copying each one would cost more
+        than encoding the state)."""
         cached = self._latest.get(thread_id)
         rendered = cached.rendered if cached is not None else {}
         out: dict[str, Any] = {}
         for key, value in values.items():
             if key == "messages" and isinstance(value, list):
-                out[key] = [dict(_rendered(m, rendered)) for m in value]
+                out[key] = [_rendered(m, rendered) for m in value]
             else:
                 out[key] = to_jsonable(value)
         return out
@@ -221,6 +255,7 @@ class Checkpointer:
             await self.storage.put_checkpoint(row, claim)
         if row.whole:
             state.folded = state.looked = len(delta_text(row.delta))
+        state.count(row)
         state.head = row
         state.newest = True
         self._remember(thread_id, state)
@@ -271,6 +306,17 @@ def _removes_most(update: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
                               or len(removed) >= len(values.get("messages", ())))
 
 
+def _appended(row: CheckpointRow, count: int | None, parent_count: int | None) -> int | None:
+    """How many messages a step appended, if that is all it did: its delta holds only messages, and the state
+    grew by as many (a replacement or a removal among them would have grown it less)."""
+    if row.whole or count is None or parent_count is None:
+        return None
+    messages = row.delta.get("messages")
+    if row.delta.keys() != {"messages"} or not isinstance(messages, list) or count - parent_count != len(messages):
+        return None
+    return len(messages)
+
+
 def _rendered(message: AnyMessage, rendered: dict[str, tuple[AnyMessage, dict[str, Any]]]) -> dict[str, Any]:
     hit = rendered.get(message.id)
     if hit is None or hit[0] is not message:
@@ -299,7 +345,7 @@ async def _fold_json(chain: list[CheckpointRow], reducers: Mapping[str, Reducer]
         if start:
             await asyncio.sleep(0)
         rows = chain[start:start + _FOLD_SLICE]
-        for row, data in zip(rows, json.loads(f"[{','.join(delta_text(r.delta) for r in rows)}]"), strict=True):
+        for row, data in zip(rows, loads(f"[{','.join(delta_text(r.delta) for r in rows)}]"), strict=True):
             fold.apply(data, whole=row.whole)
             if row.checkpoint_id in wanted:
                 states.append(fold.snapshot())

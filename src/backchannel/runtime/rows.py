@@ -7,13 +7,12 @@ typo in one is a type error rather than a run that never matches a query.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, get_args
 
-from backchannel.serde import dumps
+from backchannel.serde import dumps, loads
 
 __all__ = ["ACTIVE", "CRON_SORT", "TERMINAL", "CancelAction", "CheckpointRow", "CronRow", "Delta", "ItemRow",
            "PruneStrategy", "RunClaim", "RunEnd", "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL",
@@ -109,12 +108,12 @@ class Delta(Mapping[str, Any]):
     def as_json(self) -> Mapping[str, Any]:
         """The data as JSON values (messages as dicts), parsed from the text once."""
         if self._json is None:
-            self._json = json.loads(self.text)
+            self._json = loads(self.text)
         return self._json
 
     def _parsed(self) -> Mapping[str, Any]:
         if self._data is None:
-            self._data = self._json = json.loads(self.text)
+            self._data = self._json = loads(self.text)
         return self._data
 
     def __getitem__(self, key: str) -> Any:
