@@ -49,6 +49,28 @@ async def test_threads_are_unique_and_searchable(storage):
     assert await storage.count_threads() == 1
 
 
+async def test_thread_metadata_filters_match_values_exactly(storage):
+    now = now_iso()
+    threads = {"plain": {"user": "u7", "tags": ["a", "b"]}, "key": {"u7": "user"}, "other": {"user": "u77"},
+               "quote": {"user": 'say "hi"', "name": "é"}, "none": {"user": None}, "missing": {}}
+    for thread_id, metadata in threads.items():
+        await storage.create_thread(ThreadRow(thread_id, now, now, metadata))
+
+    async def found(metadata):
+        count = await storage.count_threads(metadata=metadata)
+        ids = sorted(t.thread_id for t in await storage.search_threads(metadata=metadata, limit=100))
+        assert count == len(ids)
+        return ids
+
+    assert await found({"user": "u7"}) == ["plain"]  # not where "u7" is a key, nor a longer value
+    assert await found({"user": 'say "hi"'}) == ["quote"]
+    assert await found({"name": "é"}) == ["quote"]
+    assert await found({"tags": ["a", "b"]}) == ["plain"]
+    assert await found({"tags": ["a"]}) == []  # equal, not contained
+    assert await found({"user": None}) == ["key", "missing", "none"]  # a missing key counts as null
+    assert await found({"user": "u7", "tags": ["a", "b"]}) == ["plain"]
+
+
 async def test_claim_runs_one_per_thread_oldest_first_and_not_before_time(storage):
     now = now_iso()
     for t in ("t1", "t2"):

@@ -153,6 +153,12 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # a checkpoint may hold its thread's whole state (a state is folded from the nearest one)
         "ALTER TABLE checkpoints ADD COLUMN whole BOOLEAN NOT NULL DEFAULT FALSE",
     ),
+    (  # thread search and count without reading every thread: in either time's order, and by metadata
+        # (containment); none on status, which changes at every run
+        "CREATE INDEX threads_by_updated ON threads(updated_at, seq)",
+        "CREATE INDEX threads_by_created ON threads(created_at, seq)",
+        "CREATE INDEX threads_by_metadata ON threads USING gin (metadata jsonb_path_ops)",
+    ),
 )
 
 _THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, interrupts, error"
@@ -346,6 +352,9 @@ class PostgresStorage(Storage):
         clauses: list[str] = ["TRUE"]
         params: list[Any] = []
         for key, value in (metadata or {}).items():
+            if value is not None:  # implied by the equality below, and answered by the index on metadata
+                clauses.append("metadata @> jsonb_build_object(%s::text, %s::jsonb)")
+                params += [key, dump(value)]
             clauses.append(_json_equals("metadata"))
             params += [key, dump(value)]
         if status is not None:

@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sqlite3
 import time
 import weakref
@@ -172,6 +173,12 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # A checkpoint may hold its thread's whole state (a state is folded from the nearest one).
         "ALTER TABLE checkpoints ADD COLUMN whole INTEGER NOT NULL DEFAULT 0",
     ),
+    (
+        # Thread search and count without reading every thread: in either time's order, and by status.
+        "CREATE INDEX threads_by_updated ON threads(updated_at)",
+        "CREATE INDEX threads_by_created ON threads(created_at)",
+        "CREATE INDEX threads_by_status ON threads(status, updated_at)",
+    ),
 )
 
 _ITEM_COLUMNS = "namespace, key, value, created_at, updated_at, ttl_minutes, expires_at"
@@ -187,6 +194,8 @@ _LOG_EVERY = 60.0  # seconds: a failing database is logged at most this often
 _UNAVAILABLE = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN",
                 "SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_NOMEM", "SQLITE_PROTOCOL")
 
+
+_PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but '"' and '\\': a string JSON writes as it is
 
 # The checkpoints of other runs (or of none) whose parent a run wrote: thread and run, twice.
 _CHILDREN_OF_RUN = ("thread_id = ? AND run_id IS NOT ? AND NOT whole AND parent_id IN "
@@ -501,6 +510,9 @@ class SQLiteStorage(Storage):
         clauses: list[str] = ["1"]
         params: list[Any] = []
         for key, value in (metadata or {}).items():
+            if isinstance(value, str) and _PLAIN.fullmatch(value):  # its text is in any JSON that holds it
+                clauses.append("instr(metadata, ?)")  # much cheaper than the JSON look-up it spares most rows
+                params.append(f'"{value}"')
             clauses.append("json_extract(metadata, ?) IS json_extract(?, '$')")
             params += [f'$."{key}"', dump(value)]
         if status is not None:
