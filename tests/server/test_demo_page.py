@@ -155,6 +155,24 @@ def watch_cards(browser: Any, count: int, final: str, timeout: float = 30) -> di
     raise AssertionError(f"the cards did not all turn {final}: {cards(browser)}")
 
 
+# Every status each card shows, as the page renders it: the test's own polling of the page can miss a short one
+# on a loaded machine. A mutation observer's callback runs once the page's code yields, so two statuses set in one
+# go (not shown live) are recorded as the last one twice.
+RECORD_STATUSES_JS = """window.__statuses = [];
+new MutationObserver((records) => { for (const r of records) window.__statuses.push([r.target.dataset.taskId,
+  r.target.dataset.status]); }).observe(document.body, {subtree: true, attributes: true,
+  attributeFilter: ["data-status"]});"""
+
+
+def statuses_shown(browser: Any) -> dict[str, list[str]]:
+    """The statuses each card showed since ``RECORD_STATUSES_JS`` ran, in turn, by task id."""
+    shown: dict[str, list[str]] = {}
+    for task_id, status in browser.execute_script("return window.__statuses"):
+        if shown.get(task_id, [None])[-1] != status:
+            shown.setdefault(task_id, []).append(status)
+    return shown
+
+
 def chat_texts(browser: Any, selector: str) -> list[str]:
     return browser.execute_script(
         f"return [...document.querySelectorAll({selector!r})].map((e) => e.textContent);")
@@ -182,15 +200,18 @@ def test_the_seed_001_demo_in_a_browser(browser, tmp_path):
         assert browser.find_element(By.ID, "suggestion").text.endswith(DEFAULT_PROMPT)
         assert cards(browser) == []
 
+        browser.execute_script(RECORD_STATUSES_JS)
         browser.find_element(By.ID, "prompt").send_keys(DEFAULT_PROMPT)
         browser.find_element(By.ID, "send").click()
         wait_for(browser, lambda: len(cards(browser)) == 3, what="three cards should appear")
-        seen = watch_cards(browser, 3, "complete")
+        watch_cards(browser, 3, "complete")
 
         final = cards(browser)
         assert sorted(c["subagent"] for c in final) == ["analyst", "researcher", "researcher"]
         assert {c["task_id"]: c["history"] for c in final} == {c["task_id"]: "pending running complete" for c in final}
-        assert all({"running", "complete"} <= statuses for statuses in seen.values()), seen  # seen live, in turn
+        shown = statuses_shown(browser)
+        assert sorted(shown) == sorted(c["task_id"] for c in final), shown
+        assert all(statuses[-2:] == ["running", "complete"] for statuses in shown.values()), shown  # live, in turn
         described = " ".join(c["description"] for c in final)
         assert "LeBron James" in described and "Michael Jordan" in described and "criteria" in described
         for card in final:  # the time each took, from pending to complete
