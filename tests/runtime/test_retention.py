@@ -89,6 +89,8 @@ async def test_keep_latest_leaves_the_state_readable_and_the_thread_usable(make_
 
     clock.advance(minutes=2)
     await eventually(lambda: _history_length(rt, thread, 1), timeout=10)
+    [kept] = await rt.storage.list_checkpoints(thread)
+    assert kept.whole and kept.parent_id is None  # the state it holds is all there is
     rt.checkpoints.forget(thread)  # read back from storage, not from the cache of the state
     after = await rt.threads.get_state(thread)
     assert after["values"] == before["values"]
@@ -102,6 +104,14 @@ async def test_keep_latest_leaves_the_state_readable_and_the_thread_usable(make_
     rt.checkpoints.forget(thread)
     assert (await rt.threads.get_state(thread))["values"] == state["values"]
     assert (await rt.threads.get(thread))["status"] == "idle"
+
+    # Deleting the run that wrote the kept checkpoint leaves the later state whole (durability's deletes).
+    await rt.runs.delete(thread, kept.run_id)
+    rt.checkpoints.forget(thread)
+    assert contents((await rt.threads.get_state(thread))["values"])[-2:] == ["three", "echo: three"]
+    await rt.runs.wait(thread, "agent", input=user("four"))
+    assert contents((await rt.threads.get_state(thread))["values"])[-4:] == ["three", "echo: three", "four",
+                                                                             "echo: four"]
 
 
 async def _history_length(rt, thread_id: str, length: int) -> bool:
