@@ -280,6 +280,59 @@ await check("crons.delete", async () => {
   assert.equal(await client.crons.count({ metadata: { js: "cron" } }), 0);
 });
 
+// -- the v2 thread stream (threads.stream: commands and protocol events) ------------------------------
+for (const transport of ["sse", "websocket"]) {
+  await check(`threads.stream (${transport}): run.start, messages, toolCalls, values, output`, async () => {
+    const thread = client.threads.stream({ assistantId: "calc", transport });
+    try {
+      const messages = [];
+      const calls = [];
+      const readMessages = (async () => { for await (const m of thread.messages) messages.push(m); })();
+      const readCalls = (async () => { for await (const c of thread.toolCalls) calls.push(c); })();
+      const run = await thread.run.start({ input: user("add") });
+      assert.ok(run.run_id);
+      const output = await thread.output;
+      assert.equal(last(output), "the answer is 5");
+      await Promise.race([Promise.all([readMessages, readCalls]), sleep(3000)]);
+      // the SDK yields a call's handle when it starts and again when it finishes
+      const distinct = [...new Map(calls.map((c) => [c.callId, c])).values()];
+      assert.deepEqual(distinct.map((c) => [c.name, c.input]), [["add", { a: 2, b: 3 }]]);
+      assert.equal(await distinct[0].output, "5");  // the tool's result, unwrapped from its message
+      assert.ok((await Promise.all(messages.map((m) => m.text))).includes("the answer is 5"));
+    } finally {
+      await thread.close();
+    }
+  });
+}
+await check("threads.stream: an interrupt, answered with input.respond", async () => {
+  const thread = client.threads.stream({ assistantId: "mailer" });
+  try {
+    await thread.run.start({ input: user("hello") });
+    for (let i = 0; i < 200 && !thread.interrupted; i += 1) await sleep(25);
+    assert.ok(thread.interrupted);
+    const [asked] = thread.interrupts;
+    assert.equal(asked.payload.action_requests[0].name, "send_email");
+    await thread.input.respond({ interrupt_id: asked.interruptId, namespace: [], response: { decisions: [{ type: "approve" }] } });
+    for (let i = 0; i < 200 && (await client.threads.get(thread.threadId)).status !== "idle"; i += 1) await sleep(25);
+    const state = await client.threads.getState(thread.threadId);
+    assert.equal(last(state.values), "done: sent to ada@example.com: hello");
+  } finally {
+    await thread.close();
+  }
+});
+await check("threads.stream: agent.getTree of a run with a subagent", async () => {
+  const thread = client.threads.stream({ assistantId: "delegator" });
+  try {
+    await thread.run.start({ input: user("a job") });
+    assert.equal(last(await thread.output), "the helper said: helped with a job");
+    const { tree } = await thread.agent.getTree();
+    assert.equal(tree.status, "completed");
+    assert.equal(tree.children[0].graph_name, "helper");
+  } finally {
+    await thread.close();
+  }
+});
+
 // -- store ------------------------------------------------------------------------------------------
 await check("store.putItem with ttl + getItem/searchItems with refreshTtl", async () => {
   await client.store.putItem(["js", "ttl"], "note", { text: "expiring" }, { ttl: 5 });

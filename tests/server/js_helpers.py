@@ -34,6 +34,8 @@ def node_modules() -> Path:
 
 
 def run_node(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``node tests/js/<script> args...``, its output captured."""
+    """``node tests/js/<script> args...``, its output captured (with Node 20's WebSocket client, which the
+    SDK's WebSocket transport needs, switched on)."""
     node_modules()
-    return subprocess.run(["node", script, *args], cwd=JS, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["node", "--experimental-websocket", script, *args], cwd=JS, capture_output=True,
+                          text=True, timeout=timeout)

@@ -3,7 +3,8 @@
 A thread's follower (LangGraph's ``GET /threads/{id}/stream``) sees the run
 under way when it joins, then each later run from its first event: runs a
 client starts, queued ones, and the wake-up runs the runtime starts when a
-background task reports back to an idle thread. Each run's parts come in its
+background task reports back to an idle thread, in this process or (on a
+shared database) in another. Each run's parts come in its
 own stream modes, opened by ``metadata`` ``{run_id, attempt}`` and closed by
 ``metadata`` ``{"status": "run_done", "run_id"}``.
 """
@@ -11,7 +12,7 @@ own stream modes, opened by ``metadata`` ``{run_id, attempt}`` and closed by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from backchannel.protocols import StreamPart
@@ -21,18 +22,26 @@ from backchannel.runtime.storage import RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 from backchannel.runtime.wire import render_error, render_run
 
-__all__ = ["THREAD_STREAM_MODES", "Follower", "ThreadStreamMode"]
+__all__ = ["THREAD_STREAM_MODES", "Follower", "ThreadRuns", "ThreadStreamMode"]
 
 ThreadStreamMode = Literal["run_modes", "lifecycle"]
 THREAD_STREAM_MODES: tuple[ThreadStreamMode, ...] = ("run_modes", "lifecycle")
 
 
-class Follower:
-    """Turns the streams this process keeps into stream parts for the clients that follow them."""
+RemoteFollow = Callable[[RunRow, bool], "RunStream | None"]  # a stream fed by the process executing a run
 
-    def __init__(self, storage: RunStorage, streams: Streams) -> None:
+
+class Follower:
+    """Turns the streams this process keeps into stream parts for the clients that follow them.
+
+    ``remote`` follows a run another process executes (``None`` when no other process could).
+    """
+
+    def __init__(self, storage: RunStorage, streams: Streams,
+                 remote: RemoteFollow = lambda row, values: None) -> None:
         self.storage = storage
         self.streams = streams
+        self.remote = remote
 
     async def run(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, *,
                   with_metadata: bool = True) -> AsyncIterator[StreamPart]:
@@ -55,28 +64,54 @@ class Follower:
 
     async def thread(self, thread_id: str, modes: Sequence[ThreadStreamMode]) -> AsyncIterator[StreamPart]:
         """Every run of the thread from now on, one after the other, until the caller stops."""
-        arrived: asyncio.Queue[RunRow] = asyncio.Queue()
+        async for row, _stream in self.thread_runs(thread_id):
+            async for part in self.run(render_run(row), None, 0):
+                if "run_modes" in modes or part.event == "metadata":
+                    yield part
+            yield StreamPart("metadata", {"status": "run_done", "run_id": row.run_id})
 
-        def on_new_run(row: RunRow, stream: RunStream) -> None:
-            stream.expect_follower(values=wants_values(row.kwargs.get("stream_mode") or ()))
-            arrived.put_nowait(row)
+    def thread_runs(self, thread_id: str, *, values: bool = False) -> ThreadRuns:
+        """The thread's runs under way or queued now, then each new one (see :class:`ThreadRuns`)."""
+        return ThreadRuns(self, thread_id, values)
 
-        stop = self.streams.watch_thread(thread_id, on_new_run)  # first: a run made meanwhile is not missed
+
+class ThreadRuns:
+    """A thread's runs under way or queued when iterated, then each new one (wherever it executes), in turn:
+    each with its stream, kept from its start. ``values`` asks every run for full-state snapshots.
+
+    New runs are watched for from construction, so a run made right after is not missed.
+    """
+
+    def __init__(self, follower: Follower, thread_id: str, values: bool) -> None:
+        self.follower = follower
+        self.thread_id = thread_id
+        self.values = values
+        self._arrived: asyncio.Queue[tuple[RunRow, RunStream]] = asyncio.Queue()
+        self._stop = follower.streams.watch_thread(thread_id, self._on_new_run)
+
+    def close(self) -> None:
+        """Stop watching the thread."""
+        self._stop()
+
+    def _wants_values(self, row: RunRow) -> bool:
+        return self.values or wants_values(row.kwargs.get("stream_mode") or ())
+
+    def _on_new_run(self, row: RunRow, stream: RunStream) -> None:
+        stream.expect_follower(values=self._wants_values(row))
+        self._arrived.put_nowait((row, stream))
+
+    async def __aiter__(self) -> AsyncIterator[tuple[RunRow, RunStream]]:
         try:
-            for row in await self.storage.active_runs(thread_id):  # under way and queued: from now on
-                stream = self.streams.get(row.run_id)
+            for row in await self.follower.storage.active_runs(self.thread_id):  # under way and queued
+                stream = self.follower.streams.get(row.run_id) or self.follower.remote(row, self._wants_values(row))
                 if stream is not None:
-                    stream.expect_follower(values=wants_values(row.kwargs.get("stream_mode") or ()))
-                    arrived.put_nowait(row)
+                    stream.expect_follower(values=self._wants_values(row))
+                    self._arrived.put_nowait((row, stream))
             seen: set[str] = set()
             while True:
-                row = await arrived.get()
-                if row.run_id in seen:
-                    continue
-                seen.add(row.run_id)
-                async for part in self.run(render_run(row), None, 0):
-                    if "run_modes" in modes or part.event == "metadata":
-                        yield part
-                yield StreamPart("metadata", {"status": "run_done", "run_id": row.run_id})
+                row, stream = await self._arrived.get()
+                if row.run_id not in seen:
+                    seen.add(row.run_id)
+                    yield row, stream
         finally:
-            stop()
+            self.close()

@@ -31,6 +31,7 @@ from backchannel.messages import AnyMessage
 from backchannel.runtime.backends import DEFAULT_STORE, open_storage
 from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer
 from backchannel.runtime.clients import AssistantsClient, CronsClient, RunsClient, StoreClient, ThreadsClient
+from backchannel.runtime.commands import ThreadCommands
 from backchannel.runtime.crons import CronScheduler
 from backchannel.runtime.executor import DEFAULT_MAX_ATTEMPTS, Executor
 from backchannel.runtime.follow import Follower
@@ -46,6 +47,7 @@ from backchannel.runtime.rows import CronRow, RunRow
 from backchannel.runtime.scheduler import Scheduler
 from backchannel.runtime.storage import Storage
 from backchannel.runtime.streams import RunStream, Streams
+from backchannel.runtime.threadlog import ThreadLogs
 from backchannel.runtime.timeline import thread_timeline
 
 __all__ = ["DEFAULT_STORE", "LocalRuntime", "assistant_id_for"]
@@ -106,7 +108,7 @@ class LocalRuntime:
         self.recovery = Recovery(self.storage, self.scheduler, self.mail, worker_id=self.worker_id,
                                  heartbeat_interval=heartbeat_interval, lease=lease, served=self.registry.served)
         self.assistants = AssistantsClient(self.registry)
-        follower = Follower(self.storage, self.streams)
+        follower = Follower(self.storage, self.streams, remote=self._follow_remote)
         self.threads = ThreadsClient(self.open, self.storage, self.checkpoints, self.registry, self.queue, follower,
                                      self.retention)
         self.runs = RunsClient(self.open, self.storage, self.registry, self.streams, self.queue, self.mail,
@@ -115,6 +117,8 @@ class LocalRuntime:
         self.cron_scheduler = CronScheduler(self.storage, start=self._start_cron_run, served=self.registry.served)
         self.crons = CronsClient(self.open, self.storage, self.registry, self.threads, self.runs,
                                  kick=self.cron_scheduler.kick)
+        self.thread_logs = ThreadLogs(follower)
+        self.commands = ThreadCommands(self.runs, self.threads, self.storage, self.queue, self.thread_logs)
         self.outbox = Outbox(self.store, self.spawn)
         self._background: list[asyncio.Task[None]] = []  # the scheduler, heartbeats, take-overs
         self._side_tasks: set[asyncio.Task[Any]] = set()  # webhooks and the outbox: not runs
@@ -187,6 +191,7 @@ class LocalRuntime:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._background = []
+        await self.thread_logs.close()
         await self.mail.close()
         await self.outbox.close()
         await self.peers.stop()
@@ -204,6 +209,10 @@ class LocalRuntime:
     async def _start_cron_run(self, cron: CronRow, tick: str) -> None:
         # The cron loop is made before the crons client (which kicks it): it starts runs through here.
         await self.crons.start_run(cron, tick)
+
+    def _follow_remote(self, row: RunRow, values: bool) -> RunStream | None:
+        """The stream of a run another process executes, fed by it (``None`` when no other process could)."""
+        return self.peers.follow(row, values) if self.peers.shared else None
 
     async def _execute(self, row: RunRow, stream: RunStream) -> None:
         # The scheduler is made before the executor (which uses it): it starts runs through here.

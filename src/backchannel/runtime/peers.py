@@ -11,7 +11,9 @@ memory and SQLite provide none, and their runtimes keep their in-process paths
 - ``cancel``: stop a run that another process executes;
 - ``mail``: a thread's inbox has a message for the run another process executes on it;
 - ``watch`` / ``events`` / ``end``: somebody here follows a run executed elsewhere; its executor
-  relays the run's events until it ends (``runs.join_stream`` on any process sees any run).
+  relays the run's events until it ends (``runs.join_stream`` on any process sees any run);
+- ``created``: a run was made on a thread; processes where somebody follows that thread follow the run
+  (a thread's followers on any process see every run of it).
 
 Runs belong to the process that created them and run there while it lives; the
 others take them over when its lease lapses (see :mod:`backchannel.runtime.recovery`).
@@ -119,6 +121,10 @@ class Peers:
     def mail(self, thread_id: str) -> None:
         self._send("mail", thread=thread_id)
 
+    def created(self, row: RunRow) -> None:
+        """A run was made here: the thread's followers in other processes follow it too."""
+        self._send("created", thread=row.thread_id, run=row.run_id)
+
     def follow(self, row: RunRow, values: bool) -> RunStream:
         """A local stream of a run another process executes (or will), fed by its executor from its start."""
         feed = self._remote.get(row.run_id)
@@ -191,6 +197,18 @@ class Peers:
 
     def _on_mail(self, message: dict[str, Any]) -> None:
         self._mail(message["thread"])
+
+    def _on_created(self, message: dict[str, Any]) -> None:
+        if message["w"] != self.me and self.streams.watching(message["thread"]):
+            self._spawn(self._announce(message["run"]))
+
+    async def _announce(self, run_id: str) -> None:
+        try:
+            row = await self.storage.get_run(run_id)
+        except StorageUnavailableError:
+            return  # the database is gone: the run cannot start either until it is back
+        if row is not None and (row.status in ACTIVE or row.kwargs.get("stream_resumable")):
+            self.streams.announce(row, self.follow(row, values=True))  # values: a follower may want them
 
     def _on_missed(self, message: dict[str, Any]) -> None:
         """Messages were lost while the connection was down: look again for what they may have said."""

@@ -125,8 +125,10 @@ class RunQueue:
             self.scheduler.dropped(row.run_id)
             self.cancel_here(row.run_id, "interrupt")  # its stream ends: the run was never stored
             raise
-        if self.peers.shared and any(r.worker_id != self.worker_id for r in active):
-            self.peers.queued(thread_id)  # behind another process's run: it says when that one ends
+        if self.peers.shared:
+            self.peers.created(row)  # the thread's followers elsewhere follow it too
+            if any(r.worker_id != self.worker_id for r in active):
+                self.peers.queued(thread_id)  # behind another process's run: it says when that one ends
         if active and strategy in ("interrupt", "rollback"):
             # Newest first, so a queued run cannot start in the gap left by the running one.
             for other in reversed(active):

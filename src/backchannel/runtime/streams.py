@@ -178,9 +178,17 @@ class Streams:
         stream = RunStream(row.run_id, resumable=resumable, watched=watched,
                            values=(resumable or watched) and wants_values(row.kwargs.get("stream_mode") or ()))
         self._streams[row.run_id] = stream
+        self.announce(row, stream)
+        return stream
+
+    def watching(self, thread_id: str) -> bool:
+        """Whether somebody here watches the thread's new runs."""
+        return thread_id in self._thread_watchers
+
+    def announce(self, row: RunRow, stream: RunStream) -> None:
+        """Tell the thread's watchers of a new run: made here, or in another process and followed here."""
         for watcher in self._thread_watchers.get(row.thread_id, ()):
             watcher(row, stream)
-        return stream
 
     def add(self, stream: RunStream) -> None:
         """Know a stream made elsewhere (a run followed from another process)."""

@@ -21,7 +21,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backchannel.server import assistants, crons, runs, store, threads, timeline
+from backchannel.server import assistants, crons, runs, store, thread_events, threads, timeline
 from backchannel.server.auth import APIKeyMiddleware
 from backchannel.server.browsers import BrowserGuard, BrowserPolicy, default_policy
 from backchannel.server.connections import DEFAULT_CLIENT_TIMEOUT
@@ -63,8 +63,8 @@ META = [
     Endpoint("GET", "/metrics", metrics, "Runs, the queue, run latency, open streams and notifications, for Prometheus",
              media_type=CONTENT_TYPE),
 ]
-ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINTS, *runs.ENDPOINTS, *crons.ENDPOINTS,
-                                 *store.ENDPOINTS, *timeline.ENDPOINTS]
+ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINTS, *thread_events.ENDPOINTS,
+                                 *runs.ENDPOINTS, *crons.ENDPOINTS, *store.ENDPOINTS, *timeline.ENDPOINTS]
 
 
 def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -95,7 +95,8 @@ def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int 
     middleware = [Middleware(BrowserGuard, policy=browsers or default_policy(api_key=api_key))]
     if api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=api_key, open_paths=open_paths))
-    app = Starlette(routes=[*routes(ENDPOINTS), *page_routes], middleware=middleware,
+    app = Starlette(routes=[*routes(ENDPOINTS), *thread_events.websocket_routes(), *page_routes],
+                    middleware=middleware,
                     exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.max_body_bytes = max_body_bytes

@@ -15,7 +15,7 @@ _OPEN_PATHS = frozenset({"/ok"})  # health checks need no key
 
 
 class APIKeyMiddleware:
-    """Refuses (401) HTTP requests without the right ``x-api-key``, compared in constant time."""
+    """Refuses (401; a WebSocket: 403) requests without the right ``x-api-key``, compared in constant time."""
 
     def __init__(self, app: ASGIApp, api_key: str, open_paths: Iterable[str] = ()) -> None:
         self.app = app
@@ -23,8 +23,11 @@ class APIKeyMiddleware:
         self._open = _OPEN_PATHS | frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self._open or self._authorized(scope):
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self._open or self._authorized(scope):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # closing before accepting answers the handshake with 403
+            await send({"type": "websocket.close", "code": 1008, "reason": "missing or invalid API key"})
             return
         body = render_json({"detail": "missing or invalid API key: send it in the x-api-key header"})
         await send({"type": "http.response.start", "status": 401, "headers": [

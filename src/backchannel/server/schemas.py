@@ -21,7 +21,8 @@ MAX_MINUTES = 1e9  # a time to live beyond this (1,900 years) is a mistake
 
 __all__ = [
     "AssistantCount", "AssistantSearch", "CheckpointConfig", "Command", "CronCount", "CronCreate", "CronPatch",
-    "CronSearch", "HistorySearch", "RunBatch", "RunCreate", "RunsCancel", "Send", "ThreadCronCreate",
+    "CronSearch", "EventStreamRequest", "HistorySearch", "ProtocolCommand", "RunBatch", "RunCreate", "RunsCancel",
+    "Send", "ThreadCronCreate",
     "StateCheckpoint", "StateUpdate", "StoreDelete", "StoreNamespaces", "StorePut", "StoreSearch", "ThreadCount",
     "ThreadCreate", "ThreadPatch", "ThreadPrune", "ThreadSearch", "ThreadTTL",
 ]
@@ -266,3 +267,22 @@ class StoreNamespaces(Body):
     max_depth: int | None = Field(default=None, ge=1)
     limit: int = Field(default=100, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=MAX_INT)
+
+
+class ProtocolCommand(Body):
+    """A protocol command: ``{"id", "method", "params"}``."""
+
+    id: int
+    method: str = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventStreamRequest(Body):
+    """What a thread's event stream carries: ``channels`` (values, updates, messages, tools, lifecycle, input,
+    tasks, checkpoints, custom or custom:<name>), optional ``namespaces`` (prefixes) and ``depth`` below them,
+    and ``since``: the last ``seq`` the client has (events after it are replayed)."""
+
+    channels: list[str] = Field(min_length=1)
+    namespaces: list[list[str]] | None = None
+    depth: int | None = Field(default=None, ge=0)
+    since: int | None = Field(default=None, ge=0)
