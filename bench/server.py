@@ -14,6 +14,9 @@ default); ``langgraph dev`` on its in-memory runtime.
 * **a run reaching a thread's follower**: with ``GET /threads/{id}/stream`` open, from sending a run that
   nobody streams (a task notification's run, which wakes an idle thread on backchannel) until the follower
   gets its first event, p50;
+* **v2 thread stream, first event**: with the thread's ``POST /threads/{id}/stream/events`` open (the v2
+  protocol ``client.threads.stream`` uses), from sending ``run.start`` to ``/threads/{id}/commands`` until
+  the stream's first event of that run (its ``lifecycle`` ``running``), p50;
 * **peak RSS** of the server process (``VmHWM``) once every workload has run.
 
 Targets for backchannel on SQLite: p50 ≤ 5 ms, ≥ 1,000 runs/s, time to first event p50 ≤ 5 ms,
@@ -102,6 +105,7 @@ class Result:
     failed_runs: int
     first_event_p50_ms: float
     follower_first_event_p50_ms: float
+    v2_first_event_p50_ms: float
     peak_rss_mib: float
 
 
@@ -221,10 +225,12 @@ async def measure(url: str, pid: int, settings: Settings) -> Result:
         load = await _throughput(http, settings.throughput_seconds)
         firsts = sorted([await _first_event(http) for _ in range(settings.first_events)])
         followed = sorted(await _follower_first_events(http, settings.first_events))
+        v2 = sorted(await _v2_first_events(http, settings.first_events))
     return Result(latency_p50_ms=_pct(pairs, 50) * 1000, latency_p90_ms=_pct(pairs, 90) * 1000,
                   runs_per_second=load.runs_per_second, failed_runs=load.failed,
                   first_event_p50_ms=_pct(firsts, 50) * 1000,
-                  follower_first_event_p50_ms=_pct(followed, 50) * 1000, peak_rss_mib=peak_rss_mib(pid))
+                  follower_first_event_p50_ms=_pct(followed, 50) * 1000, v2_first_event_p50_ms=_pct(v2, 50) * 1000,
+                  peak_rss_mib=peak_rss_mib(pid))
 
 
 async def _create_and_wait(http: httpx.AsyncClient) -> float:
@@ -385,6 +391,35 @@ async def _follower_first_events(http: httpx.AsyncClient, count: int) -> list[fl
     return times
 
 
+async def _v2_first_events(http: httpx.AsyncClient, count: int) -> list[float]:
+    """Each time from sending ``run.start`` until the thread's v2 event stream gets the run's first event."""
+    tid = (await http.post("/threads", json={})).raise_for_status().json()["thread_id"]
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def follow() -> None:
+        async with http.stream("POST", f"/threads/{tid}/stream/events", json={"channels": ["lifecycle"]}) as answer:
+            async for line in answer.raise_for_status().aiter_lines():
+                if line.startswith("data: "):
+                    events.put_nowait(json.loads(line[6:]))
+
+    follower = asyncio.create_task(follow())
+    await asyncio.sleep(0.5)  # the stream is open
+    times = []
+    for i in range(count):
+        started = time.perf_counter()
+        answer = await http.post(f"/threads/{tid}/commands", json={"id": i + 1, "method": "run.start", "params": {
+            "assistant_id": "echo", "input": USER}})
+        assert answer.raise_for_status().json()["type"] == "success", answer.text
+        first = await events.get()
+        times.append(time.perf_counter() - started)
+        assert first["params"]["data"]["event"] == "running", first
+        while (await events.get())["params"]["data"]["event"] != "completed":
+            pass
+    follower.cancel()
+    await asyncio.gather(follower, return_exceptions=True)
+    return times
+
+
 async def _until_idle(http: httpx.AsyncClient, thread_id: str) -> None:
     while (await http.get(f"/threads/{thread_id}")).json()["status"] != "idle":
         await asyncio.sleep(0.005)
@@ -418,6 +453,7 @@ def render(results: dict[str, Any], out: Any) -> None:
             ("  failed (timeouts, errors)", "failed_runs", "0", None),
             ("first event p50 (ms)", "first_event_p50_ms", "≤ 5", False),
             ("run to thread follower p50 (ms)", "follower_first_event_p50_ms", "≤ 2", False),
+            ("v2 stream first event p50 (ms)", "v2_first_event_p50_ms", "≤ 1", False),
             ("peak RSS (MiB)", "peak_rss_mib", "≤ 80", False)]
     for label, key, target, higher_is_better in rows:
         mine = ours[key]
