@@ -32,7 +32,7 @@ def test_threads_runs_state_store_and_assistants(sync_client):
     assert joined[-1].event == "values" and joined[-1].data["messages"][-1]["content"] == "echo: later"
     assert [r["status"] for r in c.runs.list(tid)] == ["success"] * 3
 
-    cancelled = c.runs.create(tid, "slow", input=user("stop me"))
+    cancelled = c.runs.create(tid, "glacial", input=user("stop me"))  # still going when cancelled, however loaded
     deadline = time.monotonic() + 5
     while c.runs.get(tid, cancelled["run_id"])["status"] != "running":
         assert time.monotonic() < deadline
