@@ -7,6 +7,7 @@ import pytest
 from runtime_helpers import contents, echo_agent, eventually, run_status_is, since_last_human, turn_of, user
 
 from backchannel import NotFoundError, ScriptedModel, ToolMessage, create_agent, tool
+from backchannel.runtime.memory import MemoryStorage
 
 PROMPT = 0.5  # seconds a cancel may take
 
@@ -194,3 +195,22 @@ async def test_a_run_cancelled_as_soon_as_it_reads_running_ends_interrupted(make
     await eventually(lambda: run_status_is(rt, thread, run["run_id"], "running"), interval=0)
     await rt.runs.cancel(thread, run["run_id"])
     await eventually(lambda: run_status_is(rt, thread, run["run_id"], "interrupted"))
+
+
+async def test_cancel_a_run_seen_running_before_its_task_started(make_runtime):
+    # A claim is visible as "running" a moment before the scheduler starts the run's task (SQLite: the
+    # claim's own connection reads it before its commit; Postgres: others read it before the scheduler hears
+    # the commit). A cancel in that moment found no task and did nothing: the run went on to succeed.
+    rt = await make_runtime({"agent": echo_agent(latency=2.0)})
+    thread = await rt.threads.create()
+    caught = False
+    for _ in range(20):  # until the run is caught in that moment
+        run = await rt.runs.create(thread["thread_id"], "agent", input=user("stop me"))
+        while (await rt.runs.get(thread["thread_id"], run["run_id"]))["status"] == "pending":
+            await asyncio.sleep(0)
+        caught = not rt.scheduler.is_executing(run["run_id"])
+        await rt.runs.cancel(thread["thread_id"], run["run_id"], wait=True)
+        assert (await rt.runs.get(thread["thread_id"], run["run_id"]))["status"] == "interrupted"
+        if caught:
+            break
+    assert caught or isinstance(rt.storage, MemoryStorage)  # (in memory a claimed run starts at once)

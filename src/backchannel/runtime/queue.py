@@ -175,6 +175,9 @@ class RunQueue:
     async def cancel(self, row: RunRow, action: CancelAction = "interrupt", wait: bool = False) -> None:
         """Stop a run: ``interrupt`` keeps its finished steps, ``rollback`` deletes the run and its steps."""
         task = self.cancel_here(row.run_id, action)
+        if task is None and row.status == "running" and row.worker_id == self.worker_id:
+            await self.scheduler.started_claims()  # claimed here a moment ago: it is about to start
+            task = self.cancel_here(row.run_id, action)
         if task is not None:
             if wait:
                 await asyncio.gather(task, return_exceptions=True)

@@ -60,6 +60,7 @@ class Scheduler:
         self.sweep_interval = sweep_interval
         self._swept_at = time.monotonic()
         self._sweeping: asyncio.Task[None] | None = None
+        self._claiming: asyncio.Event | None = None  # set once the runs being claimed now have started
 
     # -- what the other parts tell it
 
@@ -145,8 +146,7 @@ class Scheduler:
                 await self._restart_stranded()
                 free = self.max_concurrency - len(self._tasks)
                 if free > 0:
-                    for row in await self.storage.claim_runs(self.worker_id, free, now_iso()):
-                        self._start(row)
+                    await self._claim(free)
                 pause = _TICK
             except StorageUnavailableError as exc:  # try again soon: runs wait for the database
                 logger.debug("cannot claim runs: %s", exc)
@@ -180,6 +180,22 @@ class Scheduler:
         if task is not None:
             task.cancel()
         return task
+
+    async def _claim(self, limit: int) -> None:
+        # Claimed runs show as running before they start here (the claim is read before its commit is
+        # answered): whoever would cancel one then waits for them to start (see started_claims).
+        claiming = self._claiming = asyncio.Event()
+        try:
+            for row in await self.storage.claim_runs(self.worker_id, limit, now_iso()):
+                self._start(row)
+        finally:
+            self._claiming = None
+            claiming.set()
+
+    async def started_claims(self) -> None:
+        """Wait until the runs being claimed now, if any, have started here (their tasks exist)."""
+        if self._claiming is not None:
+            await self._claiming.wait()
 
     async def _restart_stranded(self) -> None:
         for run_id, row in list(self._stranded.items()):
