@@ -146,6 +146,11 @@ glacial = create_agent(ScriptedModel([echo_reply], loop=True, latency=5.0), name
 reporter = create_agent(ScriptedModel([reporter_reply], loop=True), [report], name="reporter")
 mailer = create_agent(ScriptedModel([mailer_reply], loop=True), [send_email], name="mailer",
                       middleware=[HumanInTheLoop({"send_email": True})])
+# The same, slow to ask (1 s a model call): langgraph_sdk's thread stream drops the end of a run that ended
+# before a projection (run.values) subscribed (its dedup takes the replay for a repeat), so its
+# RemoteGraph v3 tests need the run still going when they subscribe.
+slow_mailer = create_agent(ScriptedModel([mailer_reply], loop=True, latency=1.0), [send_email], name="slow_mailer",
+                           middleware=[HumanInTheLoop({"send_email": True})])
 # Two model calls of 1.5 s around a side effect: a stop between them must not repeat the side effect.
 journaler = create_agent(ScriptedModel([journal_reply], loop=True, latency=1.5), [journal], name="journaler")
 chatty = create_agent(ScriptedModel([chatty_reply], loop=True, chunk_size=4), [pad], name="chatty",
@@ -156,4 +161,4 @@ delegator = create_deep_agent(
     subagents=[SubAgent("helper", "Helps with anything", model=ScriptedModel([helper_reply], loop=True))])
 
 AGENTS = {"calc": calc, "echo": echo, "slow": slow, "glacial": glacial, "reporter": reporter, "mailer": mailer,
-          "delegator": delegator, "looper": looper, "chatty": chatty}
+          "slow_mailer": slow_mailer, "delegator": delegator, "looper": looper, "chatty": chatty}

@@ -88,7 +88,7 @@ async def _messages(handle):
 
 
 async def test_remote_graph_stream_events_v3_with_an_interrupt_and_a_resume(server):
-    graph = RemoteGraph("mailer", url=server.url)
+    graph = RemoteGraph("slow_mailer", url=server.url)  # (see slow_mailer: the run must outlast the subscribing)
     config = {"configurable": {"thread_id": (await get_client(url=server.url).threads.create())["thread_id"]}}
     async with await graph.astream_events(user("to Ada"), config, version="v3") as run:
         [_ async for _ in run.values]
@@ -119,6 +119,16 @@ def test_remote_graph_sync_stream_events_v3(server):
 
 
 # -- the protocol itself ---------------------------------------------------------------------------------------
+
+
+async def _streams_open(http: httpx.AsyncClient, count: int) -> None:
+    """Wait until the server has ``count`` event streams open (its /metrics say so)."""
+    for _ in range(400):
+        metrics = (await http.get("/metrics")).text
+        if f"backchannel_active_streams {count}" in metrics:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the server never had {count} streams open")
 
 
 def run_ended(event: dict) -> bool:
@@ -231,7 +241,8 @@ async def test_followers_on_one_server_see_the_runs_made_on_another(postgres_url
 
             v1 = asyncio.create_task(follow_v1())
             v2 = asyncio.create_task(read_events(http, tid, {"channels": ["lifecycle", "values"]}))
-            await asyncio.sleep(0.5)  # both followers are in
+            await _streams_open(http, 2)  # both followers are in (however loaded the machine)
+            await asyncio.sleep(0.2)
             run = await get_client(url=two.url).runs.create(tid, "echo", input=user("from the other server"))
             events = await within(v2)
             await within(v1)
