@@ -46,23 +46,49 @@ class StreamPart(NamedTuple):
 
 
 class AssistantsAPI(Protocol):
-    """Assistants: the agents a server or runtime serves, one per graph id."""
+    """Assistants: each served graph's own, and those made from a graph with a config and context of their own
+    (versioned: an update adds a version, ``set_latest`` goes back to one)."""
 
     async def get(self, assistant_id: str, *, headers: Headers = None, params: Params = None) -> dict[str, Any]: ...
+
+    async def create(self, graph_id: str | None, config: Mapping[str, Any] | None = None, *,
+                     context: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
+                     assistant_id: str | None = None, if_exists: str | None = None, name: str | None = None,
+                     headers: Headers = None, description: str | None = None,
+                     params: Params = None) -> dict[str, Any]: ...
+
+    async def update(self, assistant_id: str, *, graph_id: str | None = None,
+                     config: Mapping[str, Any] | None = None, context: Mapping[str, Any] | None = None,
+                     metadata: Mapping[str, Any] | None = None, name: str | None = None, headers: Headers = None,
+                     description: str | None = None, params: Params = None) -> dict[str, Any]: ...
+
+    async def delete(self, assistant_id: str, *, delete_threads: bool = False, headers: Headers = None,
+                     params: Params = None) -> None: ...
 
     async def search(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
                      name: str | None = None, limit: int = 10, offset: int = 0, sort_by: str | None = None,
                      sort_order: str | None = None, select: Sequence[str] | None = None,
-                     headers: Headers = None, params: Params = None) -> list[dict[str, Any]]: ...
+                     response_format: str = "array", headers: Headers = None, params: Params = None) -> Any:
+        """A list of assistants; ``response_format="object"``: ``{"assistants": [...], "next": offset or None}``."""
 
     async def count(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
                     name: str | None = None, headers: Headers = None, params: Params = None) -> int: ...
+
+    async def get_versions(self, assistant_id: str, metadata: Mapping[str, Any] | None = None, limit: int = 10,
+                           offset: int = 0, *, headers: Headers = None,
+                           params: Params = None) -> list[dict[str, Any]]: ...
+
+    async def set_latest(self, assistant_id: str, version: int, *, headers: Headers = None,
+                         params: Params = None) -> dict[str, Any]: ...
 
     async def get_graph(self, assistant_id: str, *, xray: int | bool = False, headers: Headers = None,
                         params: Params = None) -> dict[str, Any]: ...
 
     async def get_schemas(self, assistant_id: str, *, headers: Headers = None,
                           params: Params = None) -> dict[str, Any]: ...
+
+    async def get_subgraphs(self, assistant_id: str, namespace: str | None = None, recurse: bool = False, *,
+                            headers: Headers = None, params: Params = None) -> dict[str, Any]: ...
 
 
 class ThreadsAPI(Protocol):

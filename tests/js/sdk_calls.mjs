@@ -53,6 +53,49 @@ await check("assistants.getSchemas", async () => {
   assert.ok("messages" in (await client.assistants.getSchemas("calc")).state_schema.properties);
 });
 await check("assistants.getSubgraphs", async () => assert.deepEqual(await client.assistants.getSubgraphs("calc"), {}));
+let made;
+await check("assistants.create", async () => {
+  made = await client.assistants.create({
+    graphId: "echo", name: "js echo", metadata: { js: "made" }, context: { tone: "dry" }, description: "from Node",
+  });
+  assert.equal(made.graph_id, "echo");
+  assert.equal(made.version, 1);
+  assert.deepEqual(made.context, { tone: "dry" });
+  const again = await client.assistants.create({ graphId: "echo", assistantId: made.assistant_id, ifExists: "do_nothing" });
+  assert.equal(again.name, "js echo");
+});
+await check("assistants.update", async () => {
+  const updated = await client.assistants.update(made.assistant_id, { name: "js echo 2", metadata: { more: 1 } });
+  assert.equal(updated.version, 2);
+  assert.deepEqual(updated.metadata, { js: "made", more: 1 });
+});
+await check("assistants.getVersions", async () => {
+  const versions = await client.assistants.getVersions(made.assistant_id);
+  assert.deepEqual(versions.map((v) => v.version), [2, 1]);
+});
+await check("assistants.setLatest", async () => {
+  const back = await client.assistants.setLatest(made.assistant_id, 1);
+  assert.equal(back.version, 1);
+  assert.equal(back.name, "js echo");
+});
+await check("assistants.search (includePagination, sortBy)", async () => {
+  const page = await client.assistants.search({ metadata: { js: "made" }, sortBy: "name", includePagination: true });
+  assert.deepEqual(page.assistants.map((a) => a.assistant_id), [made.assistant_id]);
+  assert.equal(page.next, null);
+});
+await check("assistants.getSubgraphs (namespace)", async () => {
+  assert.deepEqual(await client.assistants.getSubgraphs(made.assistant_id, { namespace: "tools", recurse: true }), {});
+});
+await check("runs.wait (a created assistant)", async () => {
+  const thread = await client.threads.create();
+  const values = await client.runs.wait(thread.thread_id, made.assistant_id, { input: user("made") });
+  assert.equal(last(values), "echo: made");
+  assert.equal((await client.threads.get(thread.thread_id)).metadata.assistant_id, made.assistant_id);
+});
+await check("assistants.delete", async () => {
+  await client.assistants.delete(made.assistant_id, { deleteThreads: true });
+  await assert.rejects(client.assistants.get(made.assistant_id), /404|not found/i);
+});
 
 // -- threads ----------------------------------------------------------------------------------------
 const thread = await client.threads.create({ metadata: { js: "yes" } });

@@ -610,3 +610,48 @@ async def test_items_expire_and_reads_refresh_them(storage):
     await storage.put_item(("a",), "plain", {"v": 3}, now, ttl=1)
     await storage.put_item(("a",), "plain", {"v": 4}, now)  # replaced without a ttl: it no longer expires
     assert await storage.delete_expired_items(_at(now, 1000)) == 0
+
+
+async def test_assistants_their_versions_and_updates_that_saw_an_older_one(storage):
+    from dataclasses import replace
+
+    from backchannel.runtime.rows import AssistantRow
+
+    first = AssistantRow("a1", "g", 1, "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00", {"k": 1},
+                         {"c": 1}, {"team": "x"}, "beta")
+    assert await storage.create_assistant(first)
+    assert not await storage.create_assistant(replace(first, name="again"))
+    assert await storage.get_assistant("a1") == first
+    second = await storage.update_assistant(replace(first, name="Alpha", updated_at="2026-01-02T00:00:00+00:00"),
+                                            first)
+    assert second is not None and second.version == 2 and second.name == "Alpha"
+    assert await storage.update_assistant(replace(first, name="lost"), first) is None  # it saw version 1
+    assert await storage.get_assistant("a1") == second
+    assert [(v.version, v.name, v.created_at) for v in await storage.assistant_versions("a1")] == [
+        (2, "Alpha", "2026-01-02T00:00:00+00:00"), (1, "beta", "2026-01-01T00:00:00+00:00")]
+    back = await storage.set_assistant_version("a1", 1, "2026-01-03T00:00:00+00:00")
+    assert (back.version, back.name, back.created_at, back.updated_at) == (
+        1, "beta", "2026-01-01T00:00:00+00:00", "2026-01-03T00:00:00+00:00")
+    assert await storage.set_assistant_version("a1", 5, "2026-01-03T00:00:00+00:00") is None
+    third = await storage.update_assistant(replace(back, metadata={"team": "y"}), back)
+    assert third.version == 3  # after the newest, not after the current
+    assert [v.version for v in await storage.assistant_versions("a1", metadata={"team": "x"})] == [2, 1]
+    assert [v.version for v in await storage.assistant_versions("a1", limit=1, offset=1)] == [2]
+    other = AssistantRow("a2", "h", 1, "2026-01-04T00:00:00+00:00", "2026-01-04T00:00:00+00:00", name="gamma")
+    hidden = AssistantRow("a3", "unserved", 1, "2026-01-05T00:00:00+00:00", "2026-01-05T00:00:00+00:00", name="x")
+    assert await storage.create_assistant(other) and await storage.create_assistant(hidden)
+    served = ["g", "h"]
+    assert [a.assistant_id for a in await storage.search_assistants(graph_ids=served)] == ["a2", "a1"]
+    assert [a.name for a in await storage.search_assistants(graph_ids=served, sort_by="name",
+                                                            sort_order="asc")] == ["beta", "gamma"]
+    assert [a.assistant_id for a in await storage.search_assistants(graph_ids=served, name="AMM")] == ["a2"]
+    assert [a.assistant_id for a in await storage.search_assistants(graph_ids=served,
+                                                                    metadata={"team": "y"})] == ["a1"]
+    assert [a.assistant_id for a in await storage.search_assistants(graph_ids=served, ids=["a1", "a3"])] == ["a1"]
+    assert [a.assistant_id for a in await storage.search_assistants(graph_ids=served, graph_id="h")] == ["a2"]
+    assert await storage.count_assistants(graph_ids=served) == 2
+    assert await storage.count_assistants(graph_ids=served, name="a", metadata={"team": "y"}) == 1
+    with pytest.raises(ValueError):
+        await storage.search_assistants(graph_ids=served, sort_by="name; DROP TABLE assistants")
+    assert await storage.delete_assistant("a1") and not await storage.delete_assistant("a1")
+    assert await storage.get_assistant("a1") is None and await storage.assistant_versions("a1") == []

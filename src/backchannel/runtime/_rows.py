@@ -13,13 +13,25 @@ from typing import Any
 import orjson
 
 from backchannel.messages import AnyMessage, RemoveMessage, message_from_dict
-from backchannel.runtime.rows import CheckpointRow, CronRow, Delta, ItemRow, RunRow, ThreadRow, ThreadStatus, delta_text
+from backchannel.runtime.rows import (
+    ASSISTANT_SORT,
+    AssistantRow,
+    CheckpointRow,
+    CronRow,
+    Delta,
+    ItemRow,
+    RunRow,
+    ThreadRow,
+    ThreadStatus,
+    delta_text,
+)
 from backchannel.serde import json_text
 
-__all__ = ["CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "chain_is_whole", "checkpoint_chain",
-           "checkpoint_row", "checkpoint_values", "cron_filter", "cron_row", "cron_update", "cron_values", "dump",
-           "inbox_message", "item_row", "matching_namespaces", "run_row", "run_values", "thread_changes",
-           "thread_row", "thread_values"]
+__all__ = ["ASSISTANT_COLUMNS", "CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "assistant_order",
+           "assistant_row", "assistant_values", "chain_is_whole", "checkpoint_chain", "checkpoint_row",
+           "checkpoint_values", "cron_filter", "cron_row", "cron_update", "cron_values", "dump", "inbox_message",
+           "item_row", "matching_namespaces", "run_row", "run_values", "thread_changes", "thread_row",
+           "thread_values"]
 
 SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
 THREAD_TABLES = ("runs", "run_spans", "checkpoints", "pending_writes", "inbox", "crons",  # what else a thread owns
@@ -32,6 +44,19 @@ THREAD_SORT_SQL = {"state_updated_at": "coalesce((SELECT c.created_at FROM check
 
 CRON_COLUMNS = ("cron_id, assistant_id, thread_id, schedule, timezone, end_time, payload, metadata, on_run_completed, "
                 "enabled, next_run_date, created_at, updated_at")
+# An assistant's columns, in the assistants table and in its versions' (where the times are the version's).
+ASSISTANT_COLUMNS = ("assistant_id, graph_id, version, created_at, updated_at, config, context, metadata, name, "
+                     "description")
+
+
+def assistant_order(sort_by: str, sort_order: str) -> str:
+    """The ORDER BY of an assistant search (names and graph ids in any case, ties by id); ``ValueError`` for
+    a field that is not sortable."""
+    if sort_by not in ASSISTANT_SORT:
+        raise ValueError(f"cannot sort assistants by {sort_by!r}; use one of {list(ASSISTANT_SORT)}")
+    order = "ASC" if sort_order.lower() == "asc" else "DESC"
+    column = f"lower({sort_by})" if sort_by in ("name", "graph_id") else sort_by
+    return f"{column} {order}, assistant_id {order}"
 
 
 _FALLBACK = json.JSONEncoder(separators=(",", ":"), default=str)  # one for all calls: json.dumps makes one each
@@ -52,6 +77,16 @@ def run_values(row: RunRow) -> tuple[Any, ...]:
             dump(row.metadata), dump(row.kwargs), row.multitask_strategy, row.worker_id, row.scheduled_at,
             dump(row.error) if row.error else None, row.concurrency_key, row.concurrency_limit,
             dump(row.usage) if row.usage else None, row.attempts, row.claim, row.agent_digest)
+
+
+def assistant_values(row: AssistantRow) -> tuple[Any, ...]:
+    return (row.assistant_id, row.graph_id, row.version, row.created_at, row.updated_at, dump(row.config),
+            dump(row.context), dump(row.metadata), row.name, row.description)
+
+
+def assistant_row(row: tuple[Any, ...]) -> AssistantRow:
+    return AssistantRow(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), json.loads(row[6]),
+                        json.loads(row[7]), row[8], row[9])
 
 
 def checkpoint_values(row: CheckpointRow) -> tuple[Any, ...]:

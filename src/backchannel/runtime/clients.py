@@ -20,6 +20,7 @@ from typing import Any, TypeVar, Unpack, get_args
 
 from backchannel._clock import now_iso
 from backchannel._ids import assistant_id_for
+from backchannel.agent import Agent
 from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError
 from backchannel.messages import HumanMessage
 from backchannel.protocols import (
@@ -37,6 +38,7 @@ from backchannel.protocols import (
     unexpected_keywords,
 )
 from backchannel.runtime._select import ASSISTANT_FIELDS, CRON_FIELDS, RUN_FIELDS, STATE_FIELDS, THREAD_FIELDS, selected
+from backchannel.runtime.assistants import AssistantCatalog
 from backchannel.runtime.checkpoints import Checkpointer
 from backchannel.runtime.crons import check_schedule, check_timezone, next_tick, tick_text, utc_text
 from backchannel.runtime.follow import THREAD_STREAM_MODES, Follower, ThreadStreamMode
@@ -49,6 +51,8 @@ from backchannel.runtime.retention import Retention, check_strategy, thread_ttl
 from backchannel.runtime.rows import (
     ACTIVE,
     CRON_SORT,
+    AssistantChange,
+    AssistantRow,
     CancelAction,
     CheckpointRow,
     CronRow,
@@ -75,6 +79,7 @@ from backchannel.runtime.wire import (
     checkpoint_id_of,
     checkpoint_metadata,
     input_update,
+    render_assistant,
     render_cron,
     render_item,
     render_run,
@@ -91,7 +96,6 @@ _THREAD_STATUSES: tuple[ThreadStatus, ...] = get_args(ThreadStatus)
 _RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 S = TypeVar("S", bound=str)
 _DURABILITY = (None, "sync", "async", "exit")  # when checkpoints are written; every step is, here
-_ASSISTANT_SORT = ("assistant_id", "graph_id", "name", "created_at", "updated_at")
 _CANCEL_ACTIONS: tuple[CancelAction, ...] = get_args(CancelAction)
 _BULK_CANCEL: dict[str, tuple[RunStatus, ...]] = {"pending": ("pending",), "running": ("running",), "all": ACTIVE}
 
@@ -114,60 +118,148 @@ def _status(status: str | None, known: tuple[S, ...], of: str) -> S | None:
 
 
 class AssistantsClient:
-    """The registered agents, one assistant per graph id."""
+    """Assistants: each registered graph's own, and those made from a graph with a config and context of their
+    own, versioned (see :mod:`~backchannel.runtime.assistants`)."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, open: Opener, catalog: AssistantCatalog, registry: Registry, storage: Storage,
+                 queue: RunQueue, threads: ThreadsClient) -> None:
+        self._open = open
+        self._catalog = catalog
         self._registry = registry
-        self._created_at = now_iso()
+        self._storage = storage
+        self._queue = queue
+        self._threads = threads
 
-    def _assistant(self, graph_id: str) -> dict[str, Any]:
-        agent = self._registry.graphs[graph_id]
-        return {"assistant_id": assistant_id_for(graph_id), "graph_id": graph_id, "config": {}, "context": {},
-                "metadata": {"created_by": "system"}, "name": agent.name or graph_id,
-                "created_at": self._created_at, "updated_at": self._created_at, "version": 1, "description": None}
+    async def _resolve(self, assistant_id: str) -> AssistantRow:
+        await self._open()
+        return await self._catalog.resolve(assistant_id)
 
     async def get(self, assistant_id: str, *, headers: Headers = None, params: Params = None) -> dict[str, Any]:
-        return self._assistant(self._registry.graph_id_of(assistant_id))
+        return render_assistant(await self._resolve(assistant_id))
+
+    async def create(self, graph_id: str | None, config: Mapping[str, Any] | None = None, *,
+                     context: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
+                     assistant_id: str | None = None, if_exists: str | None = None, name: str | None = None,
+                     headers: Headers = None, description: str | None = None,
+                     params: Params = None) -> dict[str, Any]:
+        """A new assistant: the served graph ``graph_id`` with this config, context and metadata (version 1)."""
+        if not graph_id:
+            raise InvalidRequestError("an assistant needs the graph_id of a served graph")
+        await self._open()
+        return render_assistant(await self._catalog.create(
+            graph_id, config=config, context=context, metadata=metadata, assistant_id=assistant_id,
+            if_exists=if_exists, name=name, description=description))
+
+    async def update(self, assistant_id: str, *, graph_id: str | None = None,
+                     config: Mapping[str, Any] | None = None, context: Mapping[str, Any] | None = None,
+                     metadata: Mapping[str, Any] | None = None, name: str | None = None, headers: Headers = None,
+                     description: str | None = None, params: Params = None) -> dict[str, Any]:
+        """A new version of the assistant, made its current one: the fields given changed (``metadata`` merged
+        into its own)."""
+        await self._open()
+        change = AssistantChange(graph_id=graph_id or None, config=dict(config) if config is not None else None,
+                                 context=dict(context) if context is not None else None,
+                                 metadata=dict(metadata or {}), name=name or None, description=description)
+        return render_assistant(await self._catalog.update(assistant_id, change))
+
+    async def delete(self, assistant_id: str, *, delete_threads: bool = False, headers: Headers = None,
+                     params: Params = None) -> None:
+        """Delete an assistant with its versions, stopping its runs (``delete_threads``: and its threads)."""
+        row = await self._resolve(assistant_id)
+        self._catalog.check_deletable(row)  # before anything is stopped
+        threads = await self._storage.search_threads(metadata={"assistant_id": row.assistant_id}, limit=1_000_000)
+        for thread in threads:
+            if delete_threads:
+                await self._threads.delete(thread.thread_id)
+                continue
+            for run in await self._storage.active_runs(thread.thread_id):
+                if run.assistant_id == row.assistant_id:
+                    await self._queue.cancel(run, "interrupt", wait=True)
+        await self._catalog.delete(row)
 
     async def search(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
                      name: str | None = None, limit: int = 10, offset: int = 0, sort_by: str | None = None,
                      sort_order: str | None = None, select: Sequence[str] | None = None,
-                     headers: Headers = None, params: Params = None) -> list[dict[str, Any]]:
-        found = [self._assistant(g) for g in self._registry.graphs]
-        found = [a for a in found if (graph_id is None or a["graph_id"] == graph_id)
-                 and (name is None or name in a["name"])
-                 and all(a["metadata"].get(k) == v for k, v in (metadata or {}).items())]
-        if sort_by is not None:
-            if sort_by not in _ASSISTANT_SORT:
-                raise InvalidRequestError(f"cannot sort assistants by {sort_by!r}; use one of {list(_ASSISTANT_SORT)}")
-            found.sort(key=lambda a: a[sort_by] or "", reverse=(sort_order or "desc") == "desc")
-        return selected(found[offset: offset + limit], select, ASSISTANT_FIELDS, "assistant")
+                     response_format: str = "array", headers: Headers = None,
+                     params: Params = None) -> Any:
+        """Assistants, newest first unless sorted otherwise; ``response_format="object"``: ``{"assistants",
+        "next"}``, ``next`` the offset of the next page (``None`` on the last)."""
+        if response_format not in ("array", "object"):
+            raise InvalidRequestError(f"response_format must be 'array' or 'object', not {response_format!r}")
+        found, next_offset = await self.page(metadata=metadata, graph_id=graph_id, name=name, limit=limit,
+                                             offset=offset, sort_by=sort_by, sort_order=sort_order, select=select)
+        if response_format == "object":
+            return {"assistants": found, "next": None if next_offset is None else str(next_offset)}
+        return found
+
+    async def page(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
+                   name: str | None = None, limit: int = 10, offset: int = 0, sort_by: str | None = None,
+                   sort_order: str | None = None,
+                   select: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], int | None]:
+        """What :meth:`search` finds, and the offset of the next page (``None`` when this one is the last)."""
+        if sort_order not in (None, "asc", "desc"):
+            raise InvalidRequestError(f"sort_order must be 'asc' or 'desc', not {sort_order!r}")
+        await self._open()
+        try:
+            rows = await self._catalog.search(graph_id=graph_id, name=name, metadata=metadata, limit=limit + 1,
+                                              offset=offset, sort_by=sort_by or "created_at",
+                                              sort_order=sort_order or "desc")
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        found = selected([render_assistant(r) for r in rows[:limit]], select, ASSISTANT_FIELDS, "assistant")
+        return found, offset + limit if len(rows) > limit else None
 
     async def count(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
                     name: str | None = None, headers: Headers = None, params: Params = None) -> int:
-        return len(await self.search(metadata=metadata, graph_id=graph_id, name=name, limit=1_000_000))
+        await self._open()
+        return await self._catalog.count(graph_id=graph_id, name=name, metadata=metadata)
+
+    async def get_versions(self, assistant_id: str, metadata: Mapping[str, Any] | None = None, limit: int = 10,
+                           offset: int = 0, *, headers: Headers = None,
+                           params: Params = None) -> list[dict[str, Any]]:
+        """The assistant's versions (whose metadata contains ``metadata``), newest first."""
+        await self._open()
+        rows = await self._catalog.versions(assistant_id, metadata=metadata, limit=limit, offset=offset)
+        return [render_assistant(r, as_version=True) for r in rows]
+
+    async def set_latest(self, assistant_id: str, version: int, *, headers: Headers = None,
+                         params: Params = None) -> dict[str, Any]:
+        """Make one of the assistant's versions its current one again (its runs use it from now on)."""
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise InvalidRequestError(f"version must be an integer, not {version!r:.40}")
+        await self._open()
+        return render_assistant(await self._catalog.set_latest(assistant_id, version))
 
     async def get_schemas(self, assistant_id: str, *, headers: Headers = None,
                           params: Params = None) -> dict[str, Any]:
         """JSON schemas of the agent's state (its input and output too): ``messages`` and its state keys."""
-        graph_id = self._registry.graph_id_of(assistant_id)
-        agent = self._registry.graphs[graph_id]
-        keys: dict[str, Any] = {key: {} for key in agent.state_reducers() if key != "messages"}
-        state = {"title": agent.graph_name, "type": "object", "properties": {
-            "messages": {"type": "array", "items": {"type": "object"}}, **keys}}
-        return {"graph_id": graph_id, "input_schema": state, "output_schema": state, "state_schema": state,
-                "config_schema": None, "context_schema": None}
+        row = await self._resolve(assistant_id)
+        return {"graph_id": row.graph_id, **_schemas(self._registry.graphs[row.graph_id])}
 
     async def get_graph(self, assistant_id: str, *, xray: int | bool = False, headers: Headers = None,
                         params: Params = None) -> dict[str, Any]:
         """The agent's loop as nodes and edges (model, tools and each middleware hook); it has no subgraphs
         for ``xray`` to show."""
-        agent = self._registry.graphs[self._registry.graph_id_of(assistant_id)]
+        agent = self._registry.graphs[(await self._resolve(assistant_id)).graph_id]
         nodes = ["__start__", *agent.node_names(), "__end__"]
         edges: list[dict[str, Any]] = [{"source": a, "target": b} for a, b in zip(nodes, nodes[1:])]
         if "tools" in nodes:
             edges.append({"source": "tools", "target": "model", "conditional": True})
         return {"nodes": [{"id": n, "type": "runnable", "data": {"name": n}} for n in nodes], "edges": edges}
+
+    async def get_subgraphs(self, assistant_id: str, namespace: str | None = None, recurse: bool = False, *,
+                            headers: Headers = None, params: Params = None) -> dict[str, Any]:
+        """The agent's subgraphs by namespace: none (its subagents are agents of their own, run as tools)."""
+        await self._resolve(assistant_id)  # NotFoundError for an unknown one
+        return {}
+
+
+def _schemas(agent: Agent) -> dict[str, Any]:
+    keys: dict[str, Any] = {key: {} for key in agent.state_reducers() if key != "messages"}
+    state = {"title": agent.graph_name, "type": "object", "properties": {
+        "messages": {"type": "array", "items": {"type": "object"}}, **keys}}
+    return {"input_schema": state, "output_schema": state, "state_schema": state, "config_schema": None,
+            "context_schema": None}
 
 
 class ThreadsClient:
@@ -383,9 +475,10 @@ class RunsClient:
     checkpointed as it happens. ``on_run_created`` is called with the new run's ids.
     """
 
-    def __init__(self, open: Opener, storage: Storage, registry: Registry, streams: Streams, queue: RunQueue,
-                 mail: Mail, threads: ThreadsClient, follower: Follower) -> None:
+    def __init__(self, open: Opener, storage: Storage, registry: Registry, catalog: AssistantCatalog,
+                 streams: Streams, queue: RunQueue, mail: Mail, threads: ThreadsClient, follower: Follower) -> None:
         self._open = open
+        self._catalog = catalog
         self._follower = follower
         self._storage = storage
         self._registry = registry
@@ -423,7 +516,7 @@ class RunsClient:
         if not payloads:
             raise InvalidRequestError("a batch needs at least one run")
         await self._open()
-        checked: list[tuple[str, NewRun]] = []
+        checked: list[tuple[AssistantRow, NewRun]] = []
         for index, payload in enumerate(payloads):
             options = {key: value for key, value in payload.items() if value is not None}
             try:
@@ -434,20 +527,22 @@ class RunsClient:
                 if not isinstance(assistant_id, str) or not assistant_id:
                     raise InvalidRequestError("assistant_id is required")
                 unexpected_keywords("create_batch", options, RunOptions)
-                checked.append(_checked_run(self._registry, assistant_id, options))
+                assistant = await self._catalog.resolve(assistant_id)
+                checked.append((assistant, _checked_run(self._registry, assistant, options)))
             except (InvalidRequestError, NotFoundError, TypeError) as exc:
                 raise type(exc)(f"payloads[{index}]: {exc}") from None
-        return [render_run(await self._queue.create(None, graph_id, run)) for graph_id, run in checked]
+        return [render_run(await self._queue.create(None, assistant, run)) for assistant, run in checked]
 
     async def _create(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any], *,
                       watched: bool = False, once: bool = False) -> dict[str, Any]:
         await self._open()
-        graph_id, run = _checked_run(self._registry, assistant_id, options, watched=watched, once=once)
+        assistant = await self._catalog.resolve(assistant_id)
+        run = _checked_run(self._registry, assistant, options, watched=watched, once=once)
         notification = notification_in(run.input) if thread_id is not None and run.command is None else None
         if thread_id is not None and notification is not None:
-            created = await self._deliver(thread_id, graph_id, notification)
+            created = await self._deliver(thread_id, assistant.assistant_id, notification)
         else:
-            created = render_run(await self._queue.create(thread_id, graph_id, run))
+            created = render_run(await self._queue.create(thread_id, assistant, run))
         if options.get("on_run_created") is not None:
             options["on_run_created"]({"run_id": created["run_id"], "thread_id": created["thread_id"]})
         return created
@@ -544,10 +639,11 @@ class RunsClient:
             raise RuntimeError(f"{error['error']}: {error['message']}")
         return result
 
-    async def _deliver(self, thread_id: str, graph_id: str, message: HumanMessage) -> dict[str, Any]:
+    async def _deliver(self, thread_id: str, assistant_id: str, message: HumanMessage) -> dict[str, Any]:
         await self._threads.row(thread_id)
         note = message.additional_kwargs["task_notification"]
-        await self._mail.deliver(thread_id, message, key=f"{note['task_id']}:{note['run_id']}", assistant_id=graph_id)
+        await self._mail.deliver(thread_id, message, key=f"{note['task_id']}:{note['run_id']}",
+                                 assistant_id=assistant_id)
         active = await self._storage.active_runs(thread_id)
         taker = active[-1] if active else (await self._storage.list_runs(thread_id, limit=1))[0]
         return render_run(taker)
@@ -623,11 +719,12 @@ class CronsClient:
     (:mod:`backchannel.runtime.crons`). A run a cron starts has the cron's metadata, and ``cron_id`` and
     ``cron_tick`` (the tick it was started for) in its metadata."""
 
-    def __init__(self, open: Opener, storage: Storage, registry: Registry, threads: ThreadsClient, runs: RunsClient,
-                 kick: Callable[[], None]) -> None:
+    def __init__(self, open: Opener, storage: Storage, registry: Registry, catalog: AssistantCatalog,
+                 threads: ThreadsClient, runs: RunsClient, kick: Callable[[], None]) -> None:
         self._open = open
         self._storage = storage
         self._registry = registry
+        self._catalog = catalog
         self._threads = threads
         self._runs = runs
         self._kick = kick
@@ -654,12 +751,13 @@ class CronsClient:
         given = {k: v for k, v in options.items() if v is not None}
         timezone = check_timezone(timezone_name(given.get("timezone")))
         run_options = {k: v for k, v in given.items() if k in _CRON_RUN_OPTIONS}
-        graph_id, _ = _checked_run(self._registry, assistant_id, run_options)
+        assistant = await self._catalog.resolve(assistant_id)
+        _checked_run(self._registry, assistant, run_options)
         now = datetime.now(UTC)
         row = CronRow(
-            str(uuid.uuid4()), assistant_id_for(graph_id), thread_id, check_schedule(schedule), timezone,
+            str(uuid.uuid4()), assistant.assistant_id, thread_id, check_schedule(schedule), timezone,
             utc_text(given["end_time"]) if "end_time" in given else None,
-            to_jsonable({"assistant_id": assistant_id_for(graph_id), "schedule": schedule, **run_options}),
+            to_jsonable({"assistant_id": assistant.assistant_id, "schedule": schedule, **run_options}),
             dict(given.get("metadata") or {}), on_run_completed, bool(given.get("enabled", True)),
             tick_text(next_tick(schedule, timezone, now)), now.isoformat(), now.isoformat())
         await self._storage.create_cron(row)
@@ -701,7 +799,8 @@ class CronsClient:
         if "metadata" in given:
             row.metadata = {**row.metadata, **given["metadata"]}
         payload = {**row.payload, **to_jsonable({k: v for k, v in given.items() if k in _CRON_RUN_OPTIONS})}
-        _checked_run(self._registry, row.assistant_id, {k: v for k, v in payload.items() if k in _CRON_RUN_OPTIONS})
+        _checked_run(self._registry, await self._catalog.resolve(row.assistant_id),
+                     {k: v for k, v in payload.items() if k in _CRON_RUN_OPTIONS})
         row.payload = {**payload, "schedule": row.schedule}
         now = datetime.now(UTC)
         row.updated_at = now.isoformat()
@@ -742,10 +841,8 @@ class CronsClient:
         """The assistant id crons store for a graph id or assistant id (as given if no agent has it now)."""
         if assistant_id is None:
             return None
-        try:
-            return assistant_id_for(self._registry.graph_id_of(assistant_id))
-        except NotFoundError:
-            return assistant_id
+        graph_id = self._registry.own_graph_of(assistant_id)
+        return assistant_id_for(graph_id) if graph_id is not None else assistant_id
 
     async def start_run(self, cron: CronRow, tick: str) -> dict[str, Any]:
         """The run one tick of ``cron`` starts (what the runtime's cron loop calls)."""
@@ -829,14 +926,13 @@ def _check_on_disconnect(value: str | None) -> None:
         raise InvalidRequestError(f"on_disconnect must be 'cancel' or 'continue', not {value!r}")
 
 
-def _checked_run(registry: Registry, assistant_id: str, options: Mapping[str, Any], *, watched: bool = False,
-                 once: bool = False) -> tuple[str, NewRun]:
-    """The graph id and the run ``options`` ask for, checked (nothing queued yet)."""
-    graph_id = registry.graph_id_of(assistant_id)
-    run = _new_run(options, watched=watched, once=once, tools=registry.graphs[graph_id].tool_names())
+def _checked_run(registry: Registry, assistant: AssistantRow, options: Mapping[str, Any], *,
+                 watched: bool = False, once: bool = False) -> NewRun:
+    """The run of ``assistant`` that ``options`` ask for, checked (nothing queued yet)."""
+    run = _new_run(options, watched=watched, once=once, tools=registry.graphs[assistant.graph_id].tool_names())
     if run.webhook is not None:
         check_webhook_url(run.webhook)
-    return graph_id, run
+    return run
 
 
 def _new_run(options: Mapping[str, Any], *, watched: bool, once: bool, tools: Sequence[str]) -> NewRun:

@@ -84,7 +84,7 @@ class CronScheduler:
     """Fires this runtime's share of the crons' ticks: ``start(cron, tick)`` makes the tick's run."""
 
     def __init__(self, storage: CronStorage, start: Callable[[CronRow, str], Awaitable[Any]],
-                 served: Callable[[], Collection[str]]) -> None:
+                 served: Callable[[], Awaitable[Collection[str]]]) -> None:
         self.storage = storage
         self._start = start
         self._served = served  # the assistant ids of the agents this runtime runs: it fires only their crons
@@ -111,7 +111,7 @@ class CronScheduler:
     async def _fire_due(self) -> float:
         """Fire the ticks due within the look-ahead, each at its time; returns how long to pause after."""
         horizon = datetime.now(UTC) + timedelta(seconds=_LOOK_AHEAD)
-        crons = await self.storage.due_crons(tick_text(horizon), _BATCH, list(self._served()))
+        crons = await self.storage.due_crons(tick_text(horizon), _BATCH, list(await self._served()))
         for cron in crons:
             wait = (datetime.fromisoformat(cron.next_run_date) - datetime.now(UTC)).total_seconds()
             if wait > 0 and await self._sleep(wait):

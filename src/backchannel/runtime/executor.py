@@ -84,7 +84,7 @@ class Executor:
         values: dict[str, Any] | None = None
         has_mail = False
         stored: RunStatus | None = "error"  # the run's status as stored (None: rolled back, gone)
-        agent = self.registry.agent_of(row.assistant_id)
+        agent = self.registry.agent_of_run(row)
         trace = Trace()  # what the run does, kept with its end
         try:
             try:

@@ -28,6 +28,7 @@ from backchannel.errors import BackchannelError
 from backchannel.events import EventBus
 from backchannel.interrupts import Interrupt
 from backchannel.messages import AnyMessage
+from backchannel.runtime.assistants import AssistantCatalog
 from backchannel.runtime.backends import DEFAULT_STORE, open_storage
 from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer
 from backchannel.runtime.clients import AssistantsClient, CronsClient, RunsClient, StoreClient, ThreadsClient
@@ -100,22 +101,24 @@ class LocalRuntime:
         self.queue = RunQueue(self.storage, self.streams, self.scheduler, self.peers, self.checkpoints,
                               self.registry, worker_id=self.worker_id)
         self.metrics = RunMetrics()
-        self.mail = Mail(self.storage, self.checkpoints, self.registry, self.queue, self.scheduler, self.peers,
-                         self.metrics)
+        self.catalog = AssistantCatalog(self.storage, self.registry)
+        self.mail = Mail(self.storage, self.checkpoints, self.registry, self.catalog, self.queue, self.scheduler,
+                         self.peers, self.metrics)
         self.executor = Executor(self, self.storage, self.checkpoints, self.registry, self.streams, self.scheduler,
                                  self.queue, self.mail, self.peers, self.metrics, spawn=self.spawn,
                                  is_open=lambda: self._opened, max_attempts=max_attempts)
         self.recovery = Recovery(self.storage, self.scheduler, self.mail, worker_id=self.worker_id,
                                  heartbeat_interval=heartbeat_interval, lease=lease, served=self.registry.served)
-        self.assistants = AssistantsClient(self.registry)
         follower = Follower(self.storage, self.streams, remote=self._follow_remote)
         self.threads = ThreadsClient(self.open, self.storage, self.checkpoints, self.registry, self.queue, follower,
                                      self.retention)
-        self.runs = RunsClient(self.open, self.storage, self.registry, self.streams, self.queue, self.mail,
-                               self.threads, follower)
+        self.assistants = AssistantsClient(self.open, self.catalog, self.registry, self.storage, self.queue,
+                                           self.threads)
+        self.runs = RunsClient(self.open, self.storage, self.registry, self.catalog, self.streams, self.queue,
+                               self.mail, self.threads, follower)
         self.store = StoreClient(self.open, self.storage, self.retention)
-        self.cron_scheduler = CronScheduler(self.storage, start=self._start_cron_run, served=self.registry.served)
-        self.crons = CronsClient(self.open, self.storage, self.registry, self.threads, self.runs,
+        self.cron_scheduler = CronScheduler(self.storage, start=self._start_cron_run, served=self.catalog.served_ids)
+        self.crons = CronsClient(self.open, self.storage, self.registry, self.catalog, self.threads, self.runs,
                                  kick=self.cron_scheduler.kick)
         self.thread_logs = ThreadLogs(follower)
         self.commands = ThreadCommands(self.runs, self.threads, self.storage, self.queue, self.thread_logs)

@@ -16,6 +16,7 @@ from typing import Any
 from backchannel._clock import now_iso
 from backchannel.errors import InvalidRequestError, NotFoundError, StorageUnavailableError
 from backchannel.messages import AnyMessage
+from backchannel.runtime.assistants import AssistantCatalog
 from backchannel.runtime.checkpoints import Checkpointer
 from backchannel.runtime.inbox import ThreadInbox
 from backchannel.runtime.metrics import RunMetrics
@@ -34,9 +35,10 @@ logger = logging.getLogger("backchannel")
 class Mail:
     """The inboxes of the runs executing here, and the wake-ups of idle threads that have mail."""
 
-    def __init__(self, storage: Storage, checkpoints: Checkpointer, registry: Registry, queue: RunQueue,
-                 scheduler: Scheduler, peers: Peers, metrics: RunMetrics) -> None:
+    def __init__(self, storage: Storage, checkpoints: Checkpointer, registry: Registry, assistants: AssistantCatalog,
+                 queue: RunQueue, scheduler: Scheduler, peers: Peers, metrics: RunMetrics) -> None:
         self.storage = storage
+        self.assistants = assistants
         self.metrics = metrics
         self.checkpoints = checkpoints
         self.registry = registry
@@ -147,14 +149,14 @@ class Mail:
             thread = await self.storage.get_thread(thread_id)
             if thread is None:
                 raise NotFoundError(f"thread {thread_id!r} not found")
-            assistant_id = thread.metadata.get("graph_id")
+            assistant_id = thread.metadata.get("assistant_id") or thread.metadata.get("graph_id")
             if assistant_id is None:
                 raise InvalidRequestError(f"thread {thread_id!r} has never run an assistant; cannot wake it")
         # (the queue reads the thread anyway, and says NotFoundError if it is gone)
-        graph_id = self.registry.graph_id_of(assistant_id)
+        assistant = await self.assistants.resolve(assistant_id)
         # Resumable: no one created it to watch it, so a UI that learns of it late can still replay it.
         wake_up = NewRun(multitask_strategy="enqueue", wake=True, stream_resumable=True)
-        row = await self.queue.create(thread_id, graph_id, wake_up)
+        row = await self.queue.create(thread_id, assistant, wake_up)
         self._waking[thread_id] = row.run_id
 
     async def wake_all(self) -> None:

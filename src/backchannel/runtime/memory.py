@@ -7,6 +7,7 @@ are copies, so callers cannot change stored data by accident.
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from backchannel.errors import LostRunError
 from backchannel.messages import AnyMessage
 from backchannel.runtime.rows import (
     ACTIVE,
+    AssistantRow,
     CancelAction,
     CheckpointRow,
     CronRow,
@@ -30,6 +32,7 @@ from backchannel.runtime.rows import (
     ThreadRow,
     ThreadStatus,
     ThreadTTL,
+    assistant_sort_key,
     cron_order,
     epoch_of,
     thread_order,
@@ -68,6 +71,8 @@ class MemoryStorage(Storage):
         self._thread_ttl: dict[str, ThreadTTL] = {}
         self._workers: dict[str, tuple[dict[str, Any], str]] = {}
         self._crons: dict[str, CronRow] = {}
+        self._assistants: dict[str, AssistantRow] = {}
+        self._assistant_versions: dict[str, dict[int, AssistantRow]] = {}  # assistant -> version -> row
 
     async def open(self) -> None:
         return None
@@ -434,6 +439,66 @@ class MemoryStorage(Storage):
 
     async def threads_with_mail(self) -> list[str]:
         return [t for t, box in self._inbox.items() if any(not entry[1] for entry in box.values())]
+
+    # -- assistants
+
+    async def create_assistant(self, row: AssistantRow) -> bool:
+        if row.assistant_id in self._assistants:
+            return False
+        self._assistants[row.assistant_id] = copy.deepcopy(row)
+        self._assistant_versions[row.assistant_id] = {row.version: copy.deepcopy(row)}
+        return True
+
+    async def get_assistant(self, assistant_id: str) -> AssistantRow | None:
+        return copy.deepcopy(self._assistants.get(assistant_id))
+
+    async def update_assistant(self, row: AssistantRow, seen: AssistantRow) -> AssistantRow | None:
+        current = self._assistants.get(row.assistant_id)
+        if current is None or (current.version, current.updated_at) != (seen.version, seen.updated_at):
+            return None
+        versions = self._assistant_versions[row.assistant_id]
+        new = replace(copy.deepcopy(row), version=max(versions) + 1)
+        versions[new.version] = replace(copy.deepcopy(new), created_at=new.updated_at)
+        self._assistants[row.assistant_id] = new
+        return copy.deepcopy(new)
+
+    async def set_assistant_version(self, assistant_id: str, version: int, now: str) -> AssistantRow | None:
+        current = self._assistants.get(assistant_id)
+        found = self._assistant_versions.get(assistant_id, {}).get(version)
+        if current is None or found is None:
+            return None
+        self._assistants[assistant_id] = replace(copy.deepcopy(found), created_at=current.created_at, updated_at=now)
+        return copy.deepcopy(self._assistants[assistant_id])
+
+    async def delete_assistant(self, assistant_id: str) -> bool:
+        self._assistant_versions.pop(assistant_id, None)
+        return self._assistants.pop(assistant_id, None) is not None
+
+    def _matching_assistants(self, graph_ids: Sequence[str], ids: Sequence[str] | None, graph_id: str | None,
+                             name: str | None, metadata: dict[str, Any] | None) -> list[AssistantRow]:
+        return [a for a in self._assistants.values() if a.graph_id in graph_ids
+                and (ids is None or a.assistant_id in ids) and (graph_id is None or a.graph_id == graph_id)
+                and (name is None or name.lower() in a.name.lower())
+                and all(a.metadata.get(k) == v for k, v in (metadata or {}).items())]
+
+    async def search_assistants(self, *, graph_ids: Sequence[str], ids: Sequence[str] | None = None,
+                                graph_id: str | None = None, name: str | None = None,
+                                metadata: dict[str, Any] | None = None, limit: int = 10, offset: int = 0,
+                                sort_by: str = "created_at", sort_order: str = "desc") -> list[AssistantRow]:
+        rows = sorted(self._matching_assistants(graph_ids, ids, graph_id, name, metadata),
+                      key=assistant_sort_key(sort_by), reverse=sort_order.lower() != "asc")
+        return copy.deepcopy(rows[offset: offset + limit])
+
+    async def count_assistants(self, *, graph_ids: Sequence[str], graph_id: str | None = None,
+                               name: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+        return len(self._matching_assistants(graph_ids, None, graph_id, name, metadata))
+
+    async def assistant_versions(self, assistant_id: str, *, metadata: dict[str, Any] | None = None,
+                                 limit: int = 10, offset: int = 0) -> list[AssistantRow]:
+        versions = self._assistant_versions.get(assistant_id, {})
+        found = [v for _, v in sorted(versions.items(), reverse=True)
+                 if all(v.metadata.get(k) == value for k, value in (metadata or {}).items())]
+        return copy.deepcopy(found[offset: offset + limit])
 
     # -- items
 

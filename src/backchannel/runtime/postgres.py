@@ -20,6 +20,7 @@ import logging
 import uuid
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
 
@@ -33,10 +34,14 @@ from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._pgpool import ConnectionPool, unavailable
 from backchannel.runtime._rows import (
+    ASSISTANT_COLUMNS,
     CRON_COLUMNS,
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
+    assistant_order,
+    assistant_row,
+    assistant_values,
     chain_is_whole,
     checkpoint_chain,
     checkpoint_row,
@@ -56,6 +61,7 @@ from backchannel.runtime._rows import (
     thread_values,
 )
 from backchannel.runtime.rows import (
+    AssistantRow,
     CancelAction,
     CheckpointRow,
     CronRow,
@@ -81,6 +87,10 @@ __all__ = ["PostgresCoordinator", "PostgresStorage", "scratch_schema"]
 logger = logging.getLogger("backchannel")
 
 T = TypeVar("T")
+
+_ASSISTANT_TABLE = ("assistant_id TEXT NOT NULL, graph_id TEXT NOT NULL, version INTEGER NOT NULL, "
+                    "created_at TEXT NOT NULL, updated_at TEXT NOT NULL, config TEXT NOT NULL, context TEXT NOT NULL, "
+                    "metadata JSONB NOT NULL, name TEXT NOT NULL, description TEXT")
 
 # Forward migrations, one tuple of statements per schema version (see _migrations.py).
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -159,7 +169,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX threads_by_created ON threads(created_at, seq)",
         "CREATE INDEX threads_by_metadata ON threads USING gin (metadata jsonb_path_ops)",
     ),
+    (  # assistants made or changed through the API, and every version each had (its times: the version's)
+        f"CREATE TABLE assistants ({_ASSISTANT_TABLE}, PRIMARY KEY (assistant_id))",
+        f"CREATE TABLE assistant_versions ({_ASSISTANT_TABLE}, PRIMARY KEY (assistant_id, version))",
+    ),
 )
+_ASSISTANT_SELECT = ASSISTANT_COLUMNS.replace("metadata", "metadata::text")
+_ASSISTANT_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s"
 
 _THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, interrupts, error"
 _RUN_COLUMNS = ("run_id, thread_id, assistant_id, created_at, updated_at, status, metadata, kwargs, "
@@ -381,6 +397,98 @@ class PostgresStorage(Storage):
         found = await self._one(f"SELECT count(*) FROM threads WHERE {where}", params)
         assert found is not None
         return found[0]
+
+    # -- assistants
+
+    async def create_assistant(self, row: AssistantRow) -> bool:
+        values = assistant_values(row)
+        return bool(await self._write(
+            f"WITH a AS (INSERT INTO assistants VALUES ({_ASSISTANT_VALUES}) ON CONFLICT (assistant_id) DO NOTHING "
+            f"RETURNING 1) INSERT INTO assistant_versions SELECT {_ASSISTANT_VALUES} WHERE EXISTS (SELECT 1 FROM a)",
+            (*values, *values)))
+
+    async def get_assistant(self, assistant_id: str) -> AssistantRow | None:
+        found = await self._one(f"SELECT {_ASSISTANT_SELECT} FROM assistants WHERE assistant_id = %s", (assistant_id,))
+        return assistant_row(found) if found else None
+
+    async def update_assistant(self, row: AssistantRow, seen: AssistantRow) -> AssistantRow | None:
+        # The assistant's row locked as seen (a concurrent update that came first leaves nothing to lock):
+        # the version after its newest is then its own.
+        found = await self._write_one(
+            "WITH seen AS (SELECT assistant_id FROM assistants WHERE assistant_id = %(id)s AND version = %(seen)s "
+            "  AND updated_at = %(seen_at)s FOR UPDATE), "
+            "n AS (SELECT coalesce(max(version), 0) + 1 AS version FROM assistant_versions "
+            "  WHERE assistant_id = %(id)s), "
+            "a AS (UPDATE assistants SET graph_id = %(graph)s, version = (SELECT version FROM n), "
+            "  created_at = %(created)s, updated_at = %(at)s, config = %(config)s, context = %(context)s, "
+            "  metadata = %(metadata)s::jsonb, name = %(name)s, description = %(description)s "
+            "  WHERE assistant_id IN (SELECT assistant_id FROM seen) RETURNING version) "
+            "INSERT INTO assistant_versions SELECT %(id)s, %(graph)s, version, %(at)s, %(at)s, %(config)s, "
+            "  %(context)s, %(metadata)s::jsonb, %(name)s, %(description)s FROM a RETURNING version",
+            {"id": row.assistant_id, "seen": seen.version, "seen_at": seen.updated_at, "graph": row.graph_id,
+             "created": row.created_at, "at": row.updated_at, "config": dump(row.config),
+             "context": dump(row.context), "metadata": dump(row.metadata), "name": row.name,
+             "description": row.description})
+        return replace(row, version=found[0]) if found else None
+
+    async def set_assistant_version(self, assistant_id: str, version: int, now: str) -> AssistantRow | None:
+        found = await self._write_one(
+            "UPDATE assistants a SET graph_id = v.graph_id, version = v.version, updated_at = %s, config = v.config, "
+            "  context = v.context, metadata = v.metadata, name = v.name, description = v.description "
+            "FROM assistant_versions v WHERE a.assistant_id = %s AND v.assistant_id = a.assistant_id "
+            f"  AND v.version = %s RETURNING {', '.join('a.' + c for c in _ASSISTANT_SELECT.split(', '))}",
+            (now, assistant_id, version))
+        return assistant_row(found) if found else None
+
+    async def delete_assistant(self, assistant_id: str) -> bool:
+        return bool(await self._write(
+            "WITH v AS (DELETE FROM assistant_versions WHERE assistant_id = %(id)s) "
+            "DELETE FROM assistants WHERE assistant_id = %(id)s", {"id": assistant_id}))
+
+    def _assistant_filter(self, graph_ids: Sequence[str], ids: Sequence[str] | None, graph_id: str | None,
+                          name: str | None, metadata: dict[str, Any] | None) -> tuple[str, list[Any]]:
+        clauses: list[str] = ["graph_id = ANY(%s)"]
+        params: list[Any] = [list(graph_ids)]
+        if ids is not None:
+            clauses.append("assistant_id = ANY(%s)")
+            params.append(list(ids))
+        if graph_id is not None:
+            clauses.append("graph_id = %s")
+            params.append(graph_id)
+        if name is not None:
+            clauses.append("strpos(lower(name), lower(%s)) > 0")
+            params.append(name)
+        for key, value in (metadata or {}).items():
+            clauses.append(_json_equals("metadata"))
+            params += [key, dump(value)]
+        return " AND ".join(clauses), params
+
+    async def search_assistants(self, *, graph_ids: Sequence[str], ids: Sequence[str] | None = None,
+                                graph_id: str | None = None, name: str | None = None,
+                                metadata: dict[str, Any] | None = None, limit: int = 10, offset: int = 0,
+                                sort_by: str = "created_at", sort_order: str = "desc") -> list[AssistantRow]:
+        order = assistant_order(sort_by, sort_order)
+        where, params = self._assistant_filter(graph_ids, ids, graph_id, name, metadata)
+        rows = await self._all(f"SELECT {_ASSISTANT_SELECT} FROM assistants WHERE {where} ORDER BY {order} "
+                               "LIMIT %s OFFSET %s", (*params, limit, offset))
+        return [assistant_row(r) for r in rows]
+
+    async def count_assistants(self, *, graph_ids: Sequence[str], graph_id: str | None = None,
+                               name: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+        where, params = self._assistant_filter(graph_ids, None, graph_id, name, metadata)
+        found = await self._one(f"SELECT count(*) FROM assistants WHERE {where}", params)
+        assert found is not None
+        return int(found[0])
+
+    async def assistant_versions(self, assistant_id: str, *, metadata: dict[str, Any] | None = None,
+                                 limit: int = 10, offset: int = 0) -> list[AssistantRow]:
+        clauses, params = ["assistant_id = %s"], [assistant_id]
+        for key, value in (metadata or {}).items():
+            clauses.append(_json_equals("metadata"))
+            params += [key, dump(value)]
+        rows = await self._all(f"SELECT {_ASSISTANT_SELECT} FROM assistant_versions WHERE {' AND '.join(clauses)} "
+                               "ORDER BY version DESC LIMIT %s OFFSET %s", (*params, limit, offset))
+        return [assistant_row(r) for r in rows]
 
     # -- runs
 

@@ -18,13 +18,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from backchannel._clock import now_iso
-from backchannel._ids import assistant_id_for
 from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError, StorageUnavailableError
+from backchannel.runtime.assistants import run_config, run_context
 from backchannel.runtime.checkpoints import Checkpointer, ThreadState
 from backchannel.runtime.modes import interrupt_part
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.registry import Registry
-from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow, ThreadRow
+from backchannel.runtime.rows import TERMINAL, AssistantRow, CancelAction, RunRow, ThreadRow
 from backchannel.runtime.scheduler import Scheduler
 from backchannel.runtime.storage import Storage
 from backchannel.runtime.streams import Streams
@@ -80,8 +80,8 @@ class RunQueue:
 
     # -- creating
 
-    async def create(self, thread_id: str | None, graph_id: str, run: NewRun) -> RunRow:
-        """Queue a run (status ``pending``); it starts as soon as its thread is free.
+    async def create(self, thread_id: str | None, assistant: AssistantRow, run: NewRun) -> RunRow:
+        """Queue a run of ``assistant`` (status ``pending``); it starts as soon as its thread is free.
 
         Without ``thread_id`` the run is stateless: it gets a thread of its own, deleted when it ends
         (unless ``on_completion="keep"``). With ``run.once``, a thread that exists gives its first run.
@@ -110,14 +110,14 @@ class RunQueue:
         active = [] if new_thread else await self.storage.active_runs(thread_id)
         if active and strategy == "reject":
             raise ConflictError(BUSY)
-        row = self._row(thread, graph_id, run, strategy, temporary=temporary)
+        row = self._row(thread, assistant, run, strategy, temporary=temporary)
         if run.command and "resume" in run.command and not active:
             row.kwargs["resume_map"] = resume_map(thread, run.command["resume"])
         # The stream and context exist before the run is stored: the scheduler may start it at
         # the first await (e.g. while the runs it supersedes are being cancelled).
         self.streams.new(row, watched=run.watched)
         self.scheduler.queued(row.run_id, context=contextvars.copy_context())
-        thread.metadata = {**thread.metadata, "graph_id": graph_id, "assistant_id": row.assistant_id}
+        thread.metadata = {**thread.metadata, "graph_id": assistant.graph_id, "assistant_id": row.assistant_id}
         thread.status = "busy"
         try:
             await self._store(thread, row, new_thread=new_thread)
@@ -150,21 +150,23 @@ class RunQueue:
         await self.storage.update_thread(thread.thread_id, status="busy", metadata=thread.metadata,
                                          updated_at=row.created_at)
 
-    def _row(self, thread: ThreadRow, graph_id: str, run: NewRun, strategy: str, *, temporary: bool) -> RunRow:
-        # A wake-up starts a trace of its own (its notifications link back to their tasks).
-        config = run.config if run.wake else with_trace_context(run.config)
+    def _row(self, thread: ThreadRow, assistant: AssistantRow, run: NewRun, strategy: str, *,
+             temporary: bool) -> RunRow:
+        # Over the assistant's; a wake-up starts a trace of its own (its notifications link back to their tasks).
+        config = run_config(assistant, run.config if run.wake else with_trace_context(run.config))
         kwargs: dict[str, Any] = {
             "input": to_jsonable(run.input), "command": to_jsonable(run.command) if run.command else None,
-            "config": dict(config or {}), "context": run.context, "stream_mode": run.stream_mode,
+            "config": dict(config or {}), "context": run_context(assistant, run.context),
+            "stream_mode": run.stream_mode,
             "stream_subgraphs": run.stream_subgraphs, "stream_resumable": run.stream_resumable,
             "checkpoint_id": run.checkpoint_id, "temporary": temporary and (run.on_completion or "delete") == "delete",
             "timeout": run.timeout, "wake": run.wake, "webhook": run.webhook,
             "interrupt_before": run.interrupt_before, "interrupt_after": run.interrupt_after}
         now = datetime.now(UTC)
-        assistant = assistant_id_for(graph_id)
+        graph_id = assistant.graph_id
         metadata = {**thread.metadata, **(config or {}).get("metadata", {}), **dict(run.metadata or {}),
-                    "graph_id": graph_id, "assistant_id": assistant}
-        return RunRow(str(uuid.uuid4()), thread.thread_id, assistant, now.isoformat(), now.isoformat(),
+                    "graph_id": graph_id, "assistant_id": assistant.assistant_id}
+        return RunRow(str(uuid.uuid4()), thread.thread_id, assistant.assistant_id, now.isoformat(), now.isoformat(),
                       "pending", metadata, kwargs, strategy, self.worker_id,
                       (now + timedelta(seconds=run.after_seconds or 0)).isoformat(),
                       concurrency_key=run.concurrency_key, concurrency_limit=run.concurrency_limit,

@@ -16,9 +16,8 @@ from typing import Any
 
 from backchannel._ids import assistant_id_for
 from backchannel.agent import Agent
-from backchannel.errors import NotFoundError
 from backchannel.protocols import HostRuntime
-from backchannel.runtime.rows import ThreadRow
+from backchannel.runtime.rows import RunRow, ThreadRow
 from backchannel.state import Reducer
 
 __all__ = ["Registry"]
@@ -73,18 +72,13 @@ class Registry:
             for sub in mw.runtime_agents():
                 self.graph_id_for_agent(sub)
 
-    def graph_id_of(self, assistant_id: str) -> str:
-        """The graph id an assistant id (or graph id) names; :class:`NotFoundError` if none."""
-        if assistant_id in self.graphs:
-            return assistant_id
-        if assistant_id in self._graph_ids:
-            return self._graph_ids[assistant_id]
-        known = ", ".join(sorted(self.graphs)) or "none registered"
-        raise NotFoundError(f"assistant {assistant_id!r} not found; known assistants: {known}")
+    def own_graph_of(self, assistant_id: str) -> str | None:
+        """The graph registered here whose own assistant ``assistant_id`` is (or whose id it is), if any."""
+        return assistant_id if assistant_id in self.graphs else self._graph_ids.get(assistant_id)
 
-    def agent_of(self, assistant_id: str) -> Agent | None:
-        """The agent an assistant id (or graph id) names, if it is registered here."""
-        graph_id = assistant_id if assistant_id in self.graphs else self._graph_ids.get(assistant_id)
+    def agent_of_run(self, row: RunRow) -> Agent | None:
+        """The agent a run is for (its assistant's graph, as it was when the run was made), if registered here."""
+        graph_id = row.metadata.get("graph_id") or self.own_graph_of(row.assistant_id)
         return self.graphs.get(graph_id) if graph_id is not None else None
 
     def graph_id_for_agent(self, agent: Agent) -> str:

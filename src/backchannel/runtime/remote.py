@@ -166,18 +166,56 @@ class RemoteAssistants:
     async def get(self, assistant_id: str, *, headers: Headers = None, params: Params = None) -> dict[str, Any]:
         return await self._http.request("GET", f"/assistants/{_q(assistant_id)}", headers=headers, params=params)
 
+    async def create(self, graph_id: str | None, config: Mapping[str, Any] | None = None, *,
+                     context: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
+                     assistant_id: str | None = None, if_exists: str | None = None, name: str | None = None,
+                     headers: Headers = None, description: str | None = None,
+                     params: Params = None) -> dict[str, Any]:
+        return await self._http.request("POST", "/assistants", json=_given(
+            graph_id=graph_id, config=config, context=context, metadata=metadata, assistant_id=assistant_id,
+            if_exists=if_exists, name=name, description=description), headers=headers, params=params)
+
+    async def update(self, assistant_id: str, *, graph_id: str | None = None,
+                     config: Mapping[str, Any] | None = None, context: Mapping[str, Any] | None = None,
+                     metadata: Mapping[str, Any] | None = None, name: str | None = None, headers: Headers = None,
+                     description: str | None = None, params: Params = None) -> dict[str, Any]:
+        return await self._http.request("PATCH", f"/assistants/{_q(assistant_id)}", json=_given(
+            graph_id=graph_id, config=config, context=context, metadata=metadata, name=name,
+            description=description), headers=headers, params=params)
+
+    async def delete(self, assistant_id: str, *, delete_threads: bool = False, headers: Headers = None,
+                     params: Params = None) -> None:
+        await self._http.request("DELETE", f"/assistants/{_q(assistant_id)}", headers=headers,
+                                 params=_merged(params, delete_threads=delete_threads or None))
+
     async def search(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
                      name: str | None = None, limit: int = 10, offset: int = 0, sort_by: str | None = None,
                      sort_order: str | None = None, select: Sequence[str] | None = None,
-                     headers: Headers = None, params: Params = None) -> list[dict[str, Any]]:
-        return await self._http.request("POST", "/assistants/search", json=_given(
+                     response_format: str = "array", headers: Headers = None, params: Params = None) -> Any:
+        if response_format not in ("array", "object"):
+            raise InvalidRequestError(f"response_format must be 'array' or 'object', not {response_format!r}")
+        pages: list[str | None] = []
+        found = await self._http.request("POST", "/assistants/search", json=_given(
             metadata=metadata, graph_id=graph_id, name=name, limit=limit, offset=offset, sort_by=sort_by,
-            sort_order=sort_order, select=select), headers=headers, params=params)
+            sort_order=sort_order, select=select), headers=headers, params=params,
+            on_response=lambda response: pages.append(response.headers.get("X-Pagination-Next")))
+        return {"assistants": found, "next": pages[0]} if response_format == "object" else found
 
     async def count(self, *, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None,
                     name: str | None = None, headers: Headers = None, params: Params = None) -> int:
         return await self._http.request("POST", "/assistants/count", json=_given(
             metadata=metadata, graph_id=graph_id, name=name), headers=headers, params=params)
+
+    async def get_versions(self, assistant_id: str, metadata: Mapping[str, Any] | None = None, limit: int = 10,
+                           offset: int = 0, *, headers: Headers = None,
+                           params: Params = None) -> list[dict[str, Any]]:
+        return await self._http.request("POST", f"/assistants/{_q(assistant_id)}/versions", json=_given(
+            metadata=metadata, limit=limit, offset=offset), headers=headers, params=params)
+
+    async def set_latest(self, assistant_id: str, version: int, *, headers: Headers = None,
+                         params: Params = None) -> dict[str, Any]:
+        return await self._http.request("POST", f"/assistants/{_q(assistant_id)}/latest", json={"version": version},
+                                        headers=headers, params=params)
 
     async def get_graph(self, assistant_id: str, *, xray: int | bool = False, headers: Headers = None,
                         params: Params = None) -> dict[str, Any]:
@@ -188,6 +226,11 @@ class RemoteAssistants:
                           params: Params = None) -> dict[str, Any]:
         return await self._http.request("GET", f"/assistants/{_q(assistant_id)}/schemas", headers=headers,
                                         params=params)
+
+    async def get_subgraphs(self, assistant_id: str, namespace: str | None = None, recurse: bool = False, *,
+                            headers: Headers = None, params: Params = None) -> dict[str, Any]:
+        path = f"/assistants/{_q(assistant_id)}/subgraphs" + (f"/{_q(namespace)}" if namespace is not None else "")
+        return await self._http.request("GET", path, headers=headers, params=_merged(params, recurse=recurse))
 
 
 class RemoteThreads:

@@ -14,9 +14,10 @@ from typing import Any, Literal, NamedTuple, get_args
 
 from backchannel.serde import dumps, loads
 
-__all__ = ["ACTIVE", "CRON_SORT", "TERMINAL", "CancelAction", "CheckpointRow", "CronRow", "Delta", "ItemRow",
-           "PruneStrategy", "RunClaim", "RunEnd", "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL",
-           "cron_order", "delta_text", "epoch_of", "thread_order"]
+__all__ = ["ACTIVE", "ASSISTANT_SORT", "CRON_SORT", "TERMINAL", "AssistantChange", "AssistantRow", "CancelAction",
+           "CheckpointRow", "CronRow", "Delta", "ItemRow", "PruneStrategy", "RunClaim", "RunEnd", "RunRow",
+           "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL", "assistant_sort_key", "cron_order", "delta_text",
+           "epoch_of", "thread_order"]
 
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 # A run's own "interrupted" means it was cancelled; a run that paused for a human succeeded (its thread waits).
@@ -171,6 +172,52 @@ class RunEnd:
 
 
 @dataclass(slots=True)
+class AssistantRow:
+    """An assistant (a served graph with a config, a context and metadata of its own) at one of its versions.
+
+    As a version, ``created_at`` and ``updated_at`` are when that version was made.
+    """
+
+    assistant_id: str
+    graph_id: str
+    version: int
+    created_at: str
+    updated_at: str
+    config: dict[str, Any] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    description: str | None = None
+
+
+@dataclass(slots=True)
+class AssistantChange:
+    """What an update of an assistant changes (``None``: as it was); ``metadata`` is merged into the assistant's."""
+
+    graph_id: str | None = None
+    config: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    name: str | None = None
+    description: str | None = None
+
+    def applied_to(self, current: AssistantRow, now: str) -> AssistantRow:
+        """The assistant's next version: ``current`` changed; the config's ``configurable`` and the context
+        kept equal, as LangGraph keeps them (whichever of the two was given sets the other)."""
+        config = dict(self.config if self.config is not None else current.config)
+        context = dict(self.context if self.context is not None else current.context)
+        if self.config is not None and self.config.get("configurable"):
+            context = dict(self.config["configurable"])
+        elif self.context:
+            config["configurable"] = dict(self.context)
+        return AssistantRow(
+            current.assistant_id, self.graph_id or current.graph_id, current.version, current.created_at, now,
+            config, context, {**current.metadata, **(self.metadata or {})},
+            self.name if self.name is not None else current.name,
+            self.description if self.description is not None else current.description)
+
+
+@dataclass(slots=True)
 class ItemRow:
     namespace: tuple[str, ...]
     key: str
@@ -201,6 +248,19 @@ class CronRow:
 def epoch_of(timestamp: str) -> float:
     """Seconds since the epoch of an ISO 8601 time as rows store them (expiry is computed in seconds)."""
     return datetime.fromisoformat(timestamp).timestamp()
+
+
+ASSISTANT_SORT = ("assistant_id", "graph_id", "name", "created_at", "updated_at")
+
+
+def assistant_sort_key(sort_by: str) -> Any:
+    """How assistants sort by ``sort_by`` (names and graph ids in any case), ties by id; ``ValueError`` for a
+    field that is not sortable."""
+    if sort_by not in ASSISTANT_SORT:
+        raise ValueError(f"cannot sort assistants by {sort_by!r}; use one of {list(ASSISTANT_SORT)}")
+    if sort_by in ("name", "graph_id"):
+        return lambda row: (getattr(row, sort_by).lower(), row.assistant_id)
+    return lambda row: (getattr(row, sort_by), row.assistant_id)
 
 
 _THREAD_SORT = frozenset({"thread_id", "status", "created_at", "updated_at", "state_updated_at"})

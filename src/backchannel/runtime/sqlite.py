@@ -29,6 +29,7 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from typing import IO, Any
 
 from backchannel._clock import now_iso
@@ -37,10 +38,14 @@ from backchannel.errors import ConflictError, LostRunError, StorageUnavailableEr
 from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
+    ASSISTANT_COLUMNS,
     CRON_COLUMNS,
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
+    assistant_order,
+    assistant_row,
+    assistant_values,
     chain_is_whole,
     checkpoint_chain,
     checkpoint_row,
@@ -60,6 +65,7 @@ from backchannel.runtime._rows import (
     thread_values,
 )
 from backchannel.runtime.rows import (
+    AssistantRow,
     CancelAction,
     CheckpointRow,
     CronRow,
@@ -88,6 +94,12 @@ except ImportError:  # Windows: a second server on one file is not detected
 __all__ = ["SQLiteStorage"]
 
 logger = logging.getLogger("backchannel")
+
+_ASSISTANT_TABLE = ("assistant_id TEXT NOT NULL, graph_id TEXT NOT NULL, version INTEGER NOT NULL, "
+                    "created_at TEXT NOT NULL, updated_at TEXT NOT NULL, config TEXT NOT NULL, context TEXT NOT NULL, "
+                    "metadata TEXT NOT NULL, name TEXT NOT NULL, description TEXT")
+_SET_ASSISTANT = ("UPDATE assistants SET graph_id = ?, version = ?, created_at = ?, updated_at = ?, config = ?, "
+                  "context = ?, metadata = ?, name = ?, description = ? WHERE assistant_id = ?")
 
 # Forward migrations, one tuple of statements per schema version (see _migrations.py). Version 1
 # creates the tables with IF NOT EXISTS, so files made before versions were recorded take it as is.
@@ -178,6 +190,12 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX threads_by_updated ON threads(updated_at)",
         "CREATE INDEX threads_by_created ON threads(created_at)",
         "CREATE INDEX threads_by_status ON threads(status, updated_at)",
+    ),
+    (
+        # Assistants made or changed through the API (a graph's own is stored once changed), and every
+        # version each had: the same columns, a version's times being when it was made.
+        f"CREATE TABLE assistants ({_ASSISTANT_TABLE}, PRIMARY KEY (assistant_id))",
+        f"CREATE TABLE assistant_versions ({_ASSISTANT_TABLE}, PRIMARY KEY (assistant_id, version))",
     ),
 )
 
@@ -538,6 +556,99 @@ class SQLiteStorage(Storage):
                             status: ThreadStatus | None = None) -> int:
         where, params = self._thread_filter(metadata, status)
         return int(self.db.execute(f"SELECT count(*) FROM threads WHERE {where}", params).fetchone()[0])
+
+    # -- assistants
+
+    async def create_assistant(self, row: AssistantRow) -> bool:
+        try:
+            with self._transaction() as db:
+                db.execute("INSERT INTO assistants VALUES (?,?,?,?,?,?,?,?,?,?)", assistant_values(row))
+                db.execute("INSERT INTO assistant_versions VALUES (?,?,?,?,?,?,?,?,?,?)", assistant_values(row))
+        except sqlite3.IntegrityError:
+            return False
+        await self._committed()
+        return True
+
+    async def get_assistant(self, assistant_id: str) -> AssistantRow | None:
+        found = self.db.execute(f"SELECT {ASSISTANT_COLUMNS} FROM assistants WHERE assistant_id = ?",
+                                (assistant_id,)).fetchone()
+        return assistant_row(found) if found else None
+
+    async def update_assistant(self, row: AssistantRow, seen: AssistantRow) -> AssistantRow | None:
+        with self._transaction() as db:
+            if db.execute("SELECT 1 FROM assistants WHERE assistant_id = ? AND version = ? AND updated_at = ?",
+                          (seen.assistant_id, seen.version, seen.updated_at)).fetchone() is None:
+                return None
+            (newest,) = db.execute("SELECT max(version) FROM assistant_versions WHERE assistant_id = ?",
+                                   (row.assistant_id,)).fetchone()
+            new = replace(row, version=newest + 1)
+            db.execute(_SET_ASSISTANT, (*assistant_values(new)[1:], new.assistant_id))
+            db.execute("INSERT INTO assistant_versions VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       assistant_values(replace(new, created_at=new.updated_at)))
+        await self._committed()
+        return new
+
+    async def set_assistant_version(self, assistant_id: str, version: int, now: str) -> AssistantRow | None:
+        with self._transaction() as db:
+            found = db.execute(f"SELECT {ASSISTANT_COLUMNS} FROM assistant_versions WHERE assistant_id = ? "
+                               "AND version = ?", (assistant_id, version)).fetchone()
+            current = db.execute("SELECT created_at FROM assistants WHERE assistant_id = ?", (assistant_id,)).fetchone()
+            if found is None or current is None:
+                return None
+            row = replace(assistant_row(found), created_at=current[0], updated_at=now)
+            db.execute(_SET_ASSISTANT, (*assistant_values(row)[1:], assistant_id))
+        await self._committed()
+        return row
+
+    async def delete_assistant(self, assistant_id: str) -> bool:
+        with self._transaction() as db:
+            db.execute("DELETE FROM assistant_versions WHERE assistant_id = ?", (assistant_id,))
+            deleted = db.execute("DELETE FROM assistants WHERE assistant_id = ?", (assistant_id,)).rowcount
+        await self._committed()
+        return bool(deleted)
+
+    def _assistant_filter(self, graph_ids: Sequence[str], ids: Sequence[str] | None, graph_id: str | None,
+                          name: str | None, metadata: dict[str, Any] | None) -> tuple[str, list[Any]]:
+        clauses = [f"graph_id IN ({','.join('?' * len(graph_ids))})"]
+        params: list[Any] = list(graph_ids)
+        if ids is not None:
+            clauses.append(f"assistant_id IN ({','.join('?' * len(ids))})")
+            params += list(ids)
+        if graph_id is not None:
+            clauses.append("graph_id = ?")
+            params.append(graph_id)
+        if name is not None:
+            clauses.append("instr(lower(name), lower(?)) > 0")
+            params.append(name)
+        for key, value in (metadata or {}).items():
+            clauses.append("json_extract(metadata, ?) IS json_extract(?, '$')")
+            params += [f'$."{key}"', dump(value)]
+        return " AND ".join(clauses), params
+
+    async def search_assistants(self, *, graph_ids: Sequence[str], ids: Sequence[str] | None = None,
+                                graph_id: str | None = None, name: str | None = None,
+                                metadata: dict[str, Any] | None = None, limit: int = 10, offset: int = 0,
+                                sort_by: str = "created_at", sort_order: str = "desc") -> list[AssistantRow]:
+        order = assistant_order(sort_by, sort_order)
+        where, params = self._assistant_filter(graph_ids, ids, graph_id, name, metadata)
+        rows = self.db.execute(f"SELECT {ASSISTANT_COLUMNS} FROM assistants WHERE {where} ORDER BY {order} "
+                               "LIMIT ? OFFSET ?", (*params, limit, offset)).fetchall()
+        return [assistant_row(r) for r in rows]
+
+    async def count_assistants(self, *, graph_ids: Sequence[str], graph_id: str | None = None,
+                               name: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+        where, params = self._assistant_filter(graph_ids, None, graph_id, name, metadata)
+        return int(self.db.execute(f"SELECT count(*) FROM assistants WHERE {where}", params).fetchone()[0])
+
+    async def assistant_versions(self, assistant_id: str, *, metadata: dict[str, Any] | None = None,
+                                 limit: int = 10, offset: int = 0) -> list[AssistantRow]:
+        clauses, params = ["assistant_id = ?"], [assistant_id]
+        for key, value in (metadata or {}).items():
+            clauses.append("json_extract(metadata, ?) IS json_extract(?, '$')")
+            params += [f'$."{key}"', dump(value)]
+        rows = self.db.execute(f"SELECT {ASSISTANT_COLUMNS} FROM assistant_versions WHERE {' AND '.join(clauses)} "
+                               "ORDER BY version DESC LIMIT ? OFFSET ?", (*params, limit, offset)).fetchall()
+        return [assistant_row(r) for r in rows]
 
     # -- runs
 

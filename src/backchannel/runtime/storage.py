@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from backchannel.messages import AnyMessage
 from backchannel.runtime.rows import (
+    AssistantRow,
     CancelAction,
     CheckpointRow,
     CronRow,
@@ -35,8 +36,8 @@ from backchannel.runtime.rows import (
     ThreadTTL,
 )
 
-__all__ = ["MISSED", "CheckpointStorage", "Coordinator", "CronStorage", "InboxStorage", "ItemStorage", "RunStorage",
-           "Storage", "ThreadStorage", "WorkerStorage", "pick_claims"]
+__all__ = ["MISSED", "AssistantStorage", "CheckpointStorage", "Coordinator", "CronStorage", "InboxStorage",
+           "ItemStorage", "RunStorage", "Storage", "ThreadStorage", "WorkerStorage", "pick_claims"]
 
 
 class ThreadStorage(Protocol):
@@ -384,8 +385,54 @@ class CronStorage(Protocol):
         one caller that did (it fires the tick), ``False`` if the cron is elsewhere now (fired, changed, gone)."""
 
 
+class AssistantStorage(Protocol):
+    """Assistants made or changed through the API, each with every version it had (a graph's own assistant is
+    stored once it is changed)."""
+
+    @abc.abstractmethod
+    async def create_assistant(self, row: AssistantRow) -> bool:
+        """Insert an assistant and its first version (``row.version``); ``False`` if its id is taken."""
+
+    @abc.abstractmethod
+    async def get_assistant(self, assistant_id: str) -> AssistantRow | None:
+        """The assistant at its current version, or ``None``."""
+
+    @abc.abstractmethod
+    async def update_assistant(self, row: AssistantRow, seen: AssistantRow) -> AssistantRow | None:
+        """Add ``row`` as the assistant's newest version (numbered after every version it had) and make it the
+        current one, if the assistant is still as ``seen``; returns it with its number, or ``None`` if the
+        assistant changed meanwhile or is gone. One atomic change."""
+
+    @abc.abstractmethod
+    async def set_assistant_version(self, assistant_id: str, version: int, now: str) -> AssistantRow | None:
+        """Make one of the assistant's versions its current one again; ``None`` if it has no such version."""
+
+    @abc.abstractmethod
+    async def delete_assistant(self, assistant_id: str) -> bool:
+        """Delete an assistant with its versions; ``False`` if there was none."""
+
+    @abc.abstractmethod
+    async def search_assistants(self, *, graph_ids: Sequence[str], ids: Sequence[str] | None = None,
+                                graph_id: str | None = None, name: str | None = None,
+                                metadata: dict[str, Any] | None = None, limit: int = 10, offset: int = 0,
+                                sort_by: str = "created_at", sort_order: str = "desc") -> list[AssistantRow]:
+        """Assistants of the graphs ``graph_ids`` (among ``ids``, of ``graph_id``, whose name contains ``name``
+        in any case, whose metadata contains ``metadata``), sorted (see :func:`~backchannel.runtime.rows.
+        assistant_sort_key`; ``ValueError`` for another field)."""
+
+    @abc.abstractmethod
+    async def count_assistants(self, *, graph_ids: Sequence[str], graph_id: str | None = None,
+                               name: str | None = None, metadata: dict[str, Any] | None = None) -> int:
+        """How many assistants :meth:`search_assistants` would find without a limit."""
+
+    @abc.abstractmethod
+    async def assistant_versions(self, assistant_id: str, *, metadata: dict[str, Any] | None = None,
+                                 limit: int = 10, offset: int = 0) -> list[AssistantRow]:
+        """The assistant's versions whose metadata contains ``metadata``, newest first."""
+
+
 class Storage(ThreadStorage, RunStorage, WorkerStorage, CheckpointStorage, InboxStorage, ItemStorage, CronStorage,
-              Protocol):
+              AssistantStorage, Protocol):
     """A storage backend: every kind of row. Methods are async so networked backends fit."""
 
     @abc.abstractmethod

@@ -14,12 +14,12 @@ from typing import Any, Literal, get_args
 from backchannel.errors import InvalidRequestError
 from backchannel.hitl import check_resume
 from backchannel.messages import messages_from_input
-from backchannel.runtime.rows import CheckpointRow, CronRow, ItemRow, RunRow, ThreadRow
+from backchannel.runtime.rows import AssistantRow, CheckpointRow, CronRow, ItemRow, RunRow, ThreadRow
 from backchannel.runtime.run_options import check_delay, check_stream_modes
 
 __all__ = ["BUSY", "MULTITASK_STRATEGIES", "MultitaskStrategy", "check_namespace", "check_run_arguments",
-           "checkpoint_id_of", "checkpoint_metadata", "input_update", "render_cron", "render_error", "render_item",
-           "render_run", "render_state", "render_thread", "resume_map"]
+           "checkpoint_id_of", "checkpoint_metadata", "input_update", "render_assistant", "render_cron",
+           "render_error", "render_item", "render_run", "render_state", "render_thread", "resume_map"]
 
 MultitaskStrategy = Literal["reject", "interrupt", "rollback", "enqueue"]
 MULTITASK_STRATEGIES: tuple[str, ...] = get_args(MultitaskStrategy)
@@ -114,6 +114,16 @@ def render_error(error: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _LANGGRAPH_ERRORS = {"MaxIterationsError": "GraphRecursionError"}
+
+
+def render_assistant(row: AssistantRow, *, as_version: bool = False) -> dict[str, Any]:
+    """An assistant as LangGraph returns it; ``as_version``: one of its versions (which has no ``updated_at``)."""
+    found = {"assistant_id": row.assistant_id, "graph_id": row.graph_id, "config": row.config,
+             "context": row.context, "metadata": row.metadata, "name": row.name, "description": row.description,
+             "version": row.version, "created_at": row.created_at}
+    if not as_version:
+        found["updated_at"] = row.updated_at
+    return found
 
 
 def render_run(row: RunRow) -> dict[str, Any]:

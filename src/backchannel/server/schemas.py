@@ -20,9 +20,9 @@ from backchannel.server.routing import MAX_INT
 MAX_MINUTES = 1e9  # a time to live beyond this (1,900 years) is a mistake
 
 __all__ = [
-    "AssistantCount", "AssistantSearch", "CheckpointConfig", "Command", "CronCount", "CronCreate", "CronPatch",
-    "CronSearch", "EventStreamRequest", "HistorySearch", "ProtocolCommand", "RunBatch", "RunCreate", "RunsCancel",
-    "Send", "ThreadCronCreate",
+    "AssistantCount", "AssistantCreate", "AssistantLatest", "AssistantPatch", "AssistantSearch", "AssistantVersions",
+    "CheckpointConfig", "Command", "CronCount", "CronCreate", "CronPatch", "CronSearch", "EventStreamRequest",
+    "HistorySearch", "ProtocolCommand", "RunBatch", "RunCreate", "RunsCancel", "Send", "ThreadCronCreate",
     "StateCheckpoint", "StateUpdate", "StoreDelete", "StoreNamespaces", "StorePut", "StoreSearch", "ThreadCount",
     "ThreadCreate", "ThreadPatch", "ThreadPrune", "ThreadSearch", "ThreadTTL",
 ]
@@ -231,6 +231,40 @@ class AssistantSearch(Body):
     sort_by: Literal["assistant_id", "graph_id", "name", "created_at", "updated_at"] | None = None
     sort_order: Literal["asc", "desc"] | None = None
     select: list[str] | None = None
+
+
+class AssistantCreate(Body):
+    """A new assistant: a served graph with a config, context and metadata of its own."""
+
+    graph_id: str = Field(min_length=1)
+    assistant_id: str | None = None  # a UUID; a new one when not given
+    config: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    if_exists: Literal["raise", "do_nothing"] | None = None
+    name: str | None = None
+    description: str | None = None
+
+
+class AssistantPatch(Body):
+    """An assistant's next version: the fields given changed (``metadata`` merged into its own)."""
+
+    graph_id: str | None = None
+    config: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    name: str | None = None
+    description: str | None = None
+
+
+class AssistantVersions(Body):
+    metadata: dict[str, Any] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0, le=MAX_INT)
+
+
+class AssistantLatest(Body):
+    version: int = Field(ge=1, le=MAX_INT)
 
 
 class AssistantCount(Body):
