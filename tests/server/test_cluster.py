@@ -25,6 +25,8 @@ THREADS = 100
 RUNS = 500
 LEASE = 3.0
 KILL_AFTER = 150  # runs submitted before one server dies
+# what a server has in hand: queued or running, for nobody but it
+IN_HAND = "SELECT run_id FROM runs WHERE worker_id = %s AND status IN ('pending', 'running')"
 
 
 def turn_of(message: dict) -> str | None:
@@ -67,11 +69,13 @@ async def test_three_servers_share_500_runs_and_survive_losing_one(tmp_path, pos
         doomed_worker = next(w for w, (info, _) in (await storage.workers()).items()
                              if info["pid"] == doomed.process.pid)
         rest = [asyncio.create_task(submit(i)) for i in range(KILL_AFTER, RUNS)]
-        await asyncio.sleep(0.3)
+        # it dies with runs in hand (a fixed wait could find it with none, on a loaded machine)
+        deadline = time.monotonic() + 60
+        while len(await _sql(storage, IN_HAND, (doomed_worker,))) < 5:
+            assert time.monotonic() < deadline, "the doomed server never had five runs in hand"
+            await asyncio.sleep(0.05)
         alive = [1, 2]
-        # what the doomed server has in hand: queued or running, for nobody but it
-        orphans = {r for (r,) in await _sql(storage, "SELECT run_id FROM runs WHERE worker_id = %s AND status IN "
-                                                     "('pending', 'running')", (doomed_worker,))}
+        orphans = {r for (r,) in await _sql(storage, IN_HAND, (doomed_worker,))}
         killed = datetime.now(UTC).isoformat()
         doomed.stop(signal.SIGKILL)
         await asyncio.gather(*rest)
