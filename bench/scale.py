@@ -40,10 +40,9 @@ TARGETS = {"scaling_1_to_2": 1.6, "postgres_share_of_sqlite": 0.5}
 
 @contextmanager
 def servers(workdir: Path, database: str, count: int):
-    """``count`` server processes on ``database``; yields their URLs."""
+    """``count`` server processes on ``database``; yields their URLs and pids."""
     with ExitStack() as stack:
-        yield [stack.enter_context(backchannel_server(workdir, database, f"server-{i}.log"))[0]
-               for i in range(count)]
+        yield [stack.enter_context(backchannel_server(workdir, database, f"server-{i}.log")) for i in range(count)]
 
 
 def throughput(urls: list[str], seconds: float) -> Load:
@@ -70,8 +69,8 @@ def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:
             with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, ExitStack() as stack:
                 database = (f"sqlite:///{tmp}/state.db" if store == "sqlite"
                             else stack.enter_context(scratch_schema(postgres, "bench")))
-                with servers(Path(tmp), database, count) as urls:
-                    load = throughput(urls, seconds)
+                with servers(Path(tmp), database, count) as started:
+                    load = throughput([url for url, _ in started], seconds)
             best = results[store].setdefault(count, {"runs_per_second": 0.0, "failed": 0})
             best["runs_per_second"] = max(best["runs_per_second"], load.runs_per_second)
             best["failed"] += load.failed

@@ -32,6 +32,10 @@ logger = logging.getLogger("backchannel")
 
 _TICK = 0.25  # seconds between looks for runs whose time has come
 _UNAVAILABLE_PAUSE = 0.1  # seconds between looks while the database cannot be reached
+# Seconds between looks when no run is known to wait here: runs queued here, taken over or freed by another
+# process kick the scheduler, so this look is a safety net only, and an idle runtime (one of many sharing a
+# database) costs its database a claim now and then instead of four a second.
+_IDLE_LOOK = 5.0
 
 
 class Scheduler:
@@ -56,6 +60,7 @@ class Scheduler:
         # Runs whose database went away as they executed here: they start again once it answers.
         self._stranded: dict[str, RunRow] = {}
         self._wake = asyncio.Event()
+        self._kicked = True  # since the last claim: the next one is due whatever the time
         self._sweep = sweep
         self.sweep_interval = sweep_interval
         self._swept_at = time.monotonic()
@@ -66,6 +71,7 @@ class Scheduler:
 
     def kick(self) -> None:
         """There may be runs to start."""
+        self._kicked = True
         self._wake.set()
 
     def queued(self, run_id: str, *, context: contextvars.Context | None = None) -> None:
@@ -139,17 +145,21 @@ class Scheduler:
 
     async def run_forever(self) -> None:
         pause = _TICK
+        looked = -_IDLE_LOOK
         while True:
             self._wake.clear()
             self._sweep_if_due()
             try:
                 await self._restart_stranded()
                 free = self.max_concurrency - len(self._tasks)
-                if free > 0:
+                now = asyncio.get_running_loop().time()
+                if free > 0 and (self._kicked or self._unstarted or now - looked >= _IDLE_LOOK):
+                    self._kicked, looked = False, now
                     await self._claim(free)
                 pause = _TICK
             except StorageUnavailableError as exc:  # try again soon: runs wait for the database
                 logger.debug("cannot claim runs: %s", exc)
+                self._kicked = True
                 pause = _UNAVAILABLE_PAUSE
             # A timer rather than asyncio.wait_for, which on 3.11 can swallow a cancellation that
             # arrives as the event is set; the timer also starts runs whose after_seconds passed.
