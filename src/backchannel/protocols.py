@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
     from backchannel.agent import Agent
 
-__all__ = ["AssistantsAPI", "CronFields", "CronOptions", "CronUpdate", "HostRunsAPI", "HostRuntime", "RunOptions",
-           "RunsAPI", "Runtime", "StoreAPI", "StreamOptions", "StreamPart", "ThreadsAPI", "WaitOptions",
+__all__ = ["AssistantsAPI", "CronFields", "CronOptions", "CronUpdate", "CronsAPI", "HostRunsAPI", "HostRuntime",
+           "RunOptions", "RunsAPI", "Runtime", "StoreAPI", "StreamOptions", "StreamPart", "ThreadsAPI", "WaitOptions",
            "unexpected_keywords", "timezone_name"]
 
 Headers = Mapping[str, str] | None
@@ -247,6 +247,9 @@ class RunsAPI(Protocol):
     async def create(self, thread_id: str | None, assistant_id: str,
                      **options: Unpack[RunOptions]) -> dict[str, Any]: ...
 
+    async def create_batch(self, payloads: Sequence[Mapping[str, Any]], *, headers: Headers = None,
+                           params: Params = None) -> list[dict[str, Any]]: ...
+
     def stream(self, thread_id: str | None, assistant_id: str,
                **options: Unpack[StreamOptions]) -> AsyncIterator[StreamPart]: ...
 
@@ -270,6 +273,10 @@ class RunsAPI(Protocol):
     def join_stream(self, thread_id: str, run_id: str, *, cancel_on_disconnect: bool = False,
                     stream_mode: StreamModes | None = None, headers: Headers = None, params: Params = None,
                     last_event_id: str | None = None) -> AsyncIterator[StreamPart]: ...
+
+    async def cancel_many(self, *, thread_id: str | None = None, run_ids: Sequence[str] | None = None,
+                          status: str | None = None, action: str = "interrupt", headers: Headers = None,
+                          params: Params = None) -> None: ...
 
 
 class HostRunsAPI(RunsAPI, Protocol):
@@ -304,6 +311,32 @@ class StoreAPI(Protocol):
                               headers: Headers = None, params: Params = None) -> dict[str, Any]: ...
 
 
+class CronsAPI(Protocol):
+    """Crons: runs started on a schedule, on a new thread each time or on one thread."""
+
+    async def create(self, assistant_id: str, *, schedule: str, on_run_completed: str | None = None,
+                     **options: Unpack[CronOptions]) -> dict[str, Any]: ...
+
+    async def create_for_thread(self, thread_id: str, assistant_id: str, *, schedule: str,
+                                **options: Unpack[CronOptions]) -> dict[str, Any]: ...
+
+    async def get(self, cron_id: str, *, headers: Headers = None, params: Params = None) -> dict[str, Any]: ...
+
+    async def update(self, cron_id: str, **changes: Unpack[CronUpdate]) -> dict[str, Any]: ...
+
+    async def delete(self, cron_id: str, *, headers: Headers = None, params: Params = None) -> None: ...
+
+    async def search(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                     enabled: bool | None = None, metadata: Mapping[str, Any] | None = None, limit: int = 10,
+                     offset: int = 0, sort_by: str | None = None, sort_order: str | None = None,
+                     select: Sequence[str] | None = None, headers: Headers = None,
+                     params: Params = None) -> list[dict[str, Any]]: ...
+
+    async def count(self, *, assistant_id: str | None = None, thread_id: str | None = None,
+                    metadata: Mapping[str, Any] | None = None, headers: Headers = None,
+                    params: Params = None) -> int: ...
+
+
 class Runtime(Protocol):
     """The LangGraph SDK client's surface, in process or over HTTP."""
 
@@ -318,6 +351,9 @@ class Runtime(Protocol):
 
     @property
     def store(self) -> StoreAPI: ...
+
+    @property
+    def crons(self) -> CronsAPI: ...
 
     async def close(self) -> None: ...
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backchannel._clock import now_iso
 from backchannel._ids import assistant_id_for, new_id
@@ -28,6 +28,7 @@ from backchannel.errors import BackchannelError
 from backchannel.events import EventBus
 from backchannel.interrupts import Interrupt
 from backchannel.messages import AnyMessage
+from backchannel.protocols import HostRuntime
 from backchannel.runtime.assistants import AssistantCatalog
 from backchannel.runtime.backends import DEFAULT_STORE, open_storage
 from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer
@@ -278,3 +279,8 @@ class LocalRuntime:
         if thread is not None and thread.interrupts:
             values["__interrupt__"] = [Interrupt(i["value"], i["id"]) for i in thread.interrupts]
         return values
+
+
+if TYPE_CHECKING:
+    def _is_a_host_runtime(rt: LocalRuntime) -> HostRuntime:
+        return rt  # mypy checks that LocalRuntime has the whole HostRuntime surface

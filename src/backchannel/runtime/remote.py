@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 from urllib.parse import quote
 
 from backchannel.errors import (
@@ -32,6 +32,7 @@ from backchannel.protocols import (
     Headers,
     Params,
     RunOptions,
+    Runtime,
     StreamModes,
     StreamOptions,
     StreamPart,
@@ -602,3 +603,8 @@ def _cron_body(options: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
     if "timezone" in body:
         body["timezone"] = timezone_name(body["timezone"])
     return body
+
+
+if TYPE_CHECKING:
+    def _is_a_runtime(rt: RemoteRuntime) -> Runtime:
+        return rt  # mypy checks that RemoteRuntime has the whole Runtime surface
