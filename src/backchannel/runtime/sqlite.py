@@ -95,6 +95,8 @@ __all__ = ["SQLiteStorage"]
 
 logger = logging.getLogger("backchannel")
 
+_CHAIN_SLICE = 500  # checkpoint rows read per query: a long chain's read yields to other requests between
+
 _ASSISTANT_TABLE = ("assistant_id TEXT NOT NULL, graph_id TEXT NOT NULL, version INTEGER NOT NULL, "
                     "created_at TEXT NOT NULL, updated_at TEXT NOT NULL, config TEXT NOT NULL, context TEXT NOT NULL, "
                     "metadata TEXT NOT NULL, name TEXT NOT NULL, description TEXT")
@@ -861,14 +863,23 @@ class SQLiteStorage(Storage):
             seq = int(found[0])
         start = db.execute("SELECT seq FROM checkpoints WHERE thread_id = ? AND seq <= ? AND whole "
                            "ORDER BY seq DESC LIMIT 1", (thread_id, seq)).fetchone()
-        rows = db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND seq BETWEEN ? AND ? ORDER BY seq",
-                          (thread_id, start[0] if start else 0, seq)).fetchall()
-        chain = checkpoint_chain(rows, checkpoint_id)
+        chain = checkpoint_chain(await self._checkpoint_rows(thread_id, start[0] if start else 0, seq), checkpoint_id)
         if not chain_is_whole(chain):  # a fork from before that whole checkpoint: read back to the first
-            rows = db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND seq <= ? ORDER BY seq",
-                              (thread_id, seq)).fetchall()
-            chain = checkpoint_chain(rows, checkpoint_id)
+            chain = checkpoint_chain(await self._checkpoint_rows(thread_id, 0, seq), checkpoint_id)
         return chain
+
+    async def _checkpoint_rows(self, thread_id: str, first: int, last: int) -> list[tuple[Any, ...]]:
+        """A thread's checkpoint rows with seq in [first, last], read in slices (each a whole query, so no
+        cursor stays open across the yields) so a long chain's read leaves the loop to other requests between."""
+        rows: list[tuple[Any, ...]] = []
+        while True:
+            found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND seq BETWEEN ? AND ? "
+                                    "ORDER BY seq LIMIT ?", (thread_id, first, last, _CHAIN_SLICE)).fetchall()
+            rows += found
+            if len(found) < _CHAIN_SLICE:
+                return rows
+            first = int(found[-1][1]) + 1
+            await asyncio.sleep(0)
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         await self._write("UPDATE checkpoints SET next = ? WHERE thread_id = ? AND checkpoint_id = ?",
