@@ -536,25 +536,22 @@ class PostgresStorage(Storage):
         return await _whole(self._claim(worker_id, limit, now))
 
     async def _claim(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
-        # Pipelined: BEGIN goes with the first statement, COMMIT with the last (two round trips, not five;
-        # with several processes each claims for fewer runs at a time, so claims count per run).
-        async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
+        async with self.pool.connection() as conn, conn.transaction():
             # This worker's runs that are the oldest due run of their thread (whichever worker queued
-            # the others), on threads with none running, whose thread this transaction could lock; runs
-            # another worker is claiming right now are locked, and skipped.
+            # the others), on threads with none running; runs another worker is claiming right now are
+            # locked, and skipped.
             # Each look at the thread's other runs is an equality on runs_by_thread, and the scan goes in queue
             # order on pending_by_worker: a claim reads about as many runs as it takes, however long the queue.
             candidates = [run_row(r) for r in await (await conn.execute(
-                f"WITH c AS MATERIALIZED (SELECT {_RUN_COLUMNS}, seq FROM runs r WHERE status = 'pending' "
-                "AND worker_id = %(me)s AND scheduled_at <= %(now)s AND NOT EXISTS (SELECT 1 FROM runs x "
-                "WHERE x.thread_id = r.thread_id AND x.status = 'running') AND NOT EXISTS (SELECT 1 FROM runs x "
-                "WHERE x.thread_id = r.thread_id AND x.status = 'pending' AND x.seq < r.seq "
-                "AND x.scheduled_at <= %(now)s) ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
-                f"SELECT {_RUN_COLUMNS} FROM c WHERE pg_try_advisory_xact_lock(%(lock)s, hashtext(thread_id)) "
-                "ORDER BY seq", {"me": worker_id, "now": now, "limit": limit, "lock": _THREAD_LOCK})).fetchall()]
+                f"SELECT {_RUN_COLUMNS} FROM runs r WHERE status = 'pending' AND worker_id = %(me)s "
+                "AND scheduled_at <= %(now)s AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id "
+                "AND x.status = 'running') AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.thread_id = r.thread_id "
+                "AND x.status = 'pending' AND x.seq < r.seq AND x.scheduled_at <= %(now)s)"
+                " ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED",
+                {"me": worker_id, "now": now, "limit": limit})).fetchall()]
             if not candidates:
                 return []
-            claimed = await _lock_keys(conn, candidates)
+            claimed = await _lock_claims(conn, candidates)
             if not claimed:
                 return []
             # Under the locks, a fresh look: a run another worker claimed and committed meanwhile shows now.
@@ -1141,9 +1138,13 @@ async def _migrate(conn: AsyncConnection, database: str) -> None:
             await conn.execute(f"INSERT INTO {VERSION_TABLE} VALUES (%s, %s)", (version, now_iso()))
 
 
-async def _lock_keys(conn: AsyncConnection, claimable: list[RunRow]) -> list[RunRow]:
-    """The claimable runs (their threads locked) whose concurrency key this transaction could lock, within
-    key limits."""
+async def _lock_claims(conn: AsyncConnection, candidates: list[RunRow]) -> list[RunRow]:
+    """The candidates whose thread (and concurrency key) this transaction could lock, within key limits."""
+    threads = [r.thread_id for r in candidates]
+    locked = {r[0] for r in await (await conn.execute(
+        "SELECT t FROM unnest(%s::text[]) AS t WHERE pg_try_advisory_xact_lock(%s, hashtext(t))",
+        (threads, _THREAD_LOCK))).fetchall()}
+    claimable = [r for r in candidates if r.thread_id in locked]
     keys = sorted({r.concurrency_key for r in claimable if r.concurrency_key})
     if not keys:
         return claimable
