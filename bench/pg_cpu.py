@@ -38,7 +38,7 @@ import httpx
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 from scale import PROCESSES, servers  # noqa: E402  (sibling scripts)
-from server import USER, _children, wrk_load  # noqa: E402
+from server import USER, children, wrk_load  # noqa: E402
 from step_overhead import emit_report  # noqa: E402
 
 CONNECTIONS = 32
@@ -62,7 +62,7 @@ class Sample:
 def cpu_seconds(pid: int) -> float:
     """``utime + stime`` of a process (all its threads) and its children, in seconds; 0 if it is gone."""
     total = 0
-    for each in [pid, *_children(pid)]:
+    for each in [pid, *children(pid)]:
         try:
             fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
