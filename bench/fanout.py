@@ -28,7 +28,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import os
@@ -43,8 +42,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _peers import reply_chat_model  # noqa: E402  (sibling scripts, not a package)
-from step_overhead import LANGGRAPH_CONFIG, PROMPT, Stats, _langchain_kit, _progress, emit_report, versions  # noqa: E402
+from _cli import arguments, emit_report  # noqa: E402  (sibling scripts, not a package)
+from _peers import reply_chat_model  # noqa: E402
+from step_overhead import LANGGRAPH_CONFIG, PROMPT, Stats, _langchain_kit, _progress, versions  # noqa: E402
 
 KS = (10, 100, 1_000)
 SQLITE_KS = (1_000,)
@@ -555,21 +555,8 @@ def render_targets(checks: list[dict[str, Any]], out: Any) -> None:
               f"{unit:<3} (target <= {check['target'] / scale:g} {unit})", file=out)
 
 
-def _plain(value: Any) -> Any:
-    """This file's result dataclasses as dicts (``to_jsonable`` does the rest)."""
-    if isinstance(value, (FanOutStats, MemorySample)):
-        return asdict(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument("--json", action="store_true",
-                        help="print JSON on stdout (the tables go to stderr)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "fewer repeats").parse_args(argv)
     settings = Settings.for_mode(args.quick)
     results = asyncio.run(run_benchmarks(settings))
     results.update(mode="quick" if args.quick else "full", settings=asdict(settings),
@@ -578,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     checks = target_checks(results)
     results["target_checks"] = checks
     emit_report(results, [render_background, render_memory, render_sync,
-                          lambda r, out: render_targets(checks, out)], args.json, plain=_plain)
+                          lambda r, out: render_targets(checks, out)], args.json)
     return 0
 
 

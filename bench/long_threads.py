@@ -18,7 +18,6 @@ Times are CPU seconds of this process (the machine may be shared), best of the r
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -31,8 +30,9 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cli import arguments, emit_report  # noqa: E402
 from runtime import sqlite_footprint  # noqa: E402  (a sibling script, not a package)
-from step_overhead import _progress, emit_report  # noqa: E402
+from step_overhead import _progress  # noqa: E402
 
 HISTORY_STEPS = 2_500  # tool steps of the one run of the 5,000-message thread
 LONG_RUNS, LONG_STEPS = 10, 500  # the 10,000-message thread
@@ -257,10 +257,7 @@ def render(results: dict[str, Any], out: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument("--json", action="store_true", help="print JSON on stdout (the tables go to stderr)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "fewer repeats").parse_args(argv)
     results = asyncio.run(run_benchmarks(2 if args.quick else 5))
     emit_report(results, [render], args.json)
     return 0

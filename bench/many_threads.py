@@ -19,7 +19,6 @@ the same as at 1,000 threads. Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -33,8 +32,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cli import arguments, emit_report  # noqa: E402
 from server import backchannel_server, peak_rss_mib  # noqa: E402  (a sibling script, not a package)
-from step_overhead import _progress, emit_report  # noqa: E402
+from step_overhead import _progress  # noqa: E402
 
 SIZES = (1_000, 100_000)
 USERS = 100  # distinct metadata values: a metadata search matches 1 thread in USERS
@@ -128,12 +128,7 @@ def _cell(figures: dict[str, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests")
-    parser.add_argument("--json", action="store_true", help="print JSON on stdout (the tables go to stderr)")
-    parser.add_argument("--postgres", default=os.environ.get("BACKCHANNEL_TEST_POSTGRES"),
-                        help="a Postgres URL (the benchmark gets a fresh schema in it)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "fewer requests", postgres=True).parse_args(argv)
     results = run(args.postgres, 20 if args.quick else 100)
     emit_report(results, [render], args.json)
     return 0

@@ -19,7 +19,6 @@ the median is shown. Usage::
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sqlite3
@@ -37,9 +36,9 @@ import httpx
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from scale import PROCESSES, servers  # noqa: E402  (sibling scripts)
+from _cli import arguments, emit_report  # noqa: E402  (sibling scripts)
+from scale import PROCESSES, servers  # noqa: E402
 from server import USER, children, wrk_load  # noqa: E402
-from step_overhead import emit_report  # noqa: E402
 
 CONNECTIONS = 32
 TARGETS = {"postgres_vs_sqlite": 1.3, "processes_vs_one": 1.1}
@@ -194,12 +193,7 @@ def render(results: dict[str, Any], out: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one sample of each configuration")
-    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout")
-    parser.add_argument("--postgres", default=os.environ.get("BACKCHANNEL_TEST_POSTGRES"),
-                        help="a Postgres URL (each configuration gets a fresh schema in it)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "one sample of each configuration", postgres=True).parse_args(argv)
     results = run(args.postgres, 4.0 if args.quick else 6.0, 1 if args.quick else 3)
     emit_report(results, [render], args.json)
     return 0

@@ -16,7 +16,6 @@ drains at the short queue's rate (≥ 90 % of it). Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sqlite3
@@ -30,8 +29,8 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from server import BACKCHANNEL_AGENT, USER, _process, free_port  # noqa: E402  (sibling scripts)
-from step_overhead import emit_report  # noqa: E402
+from _cli import arguments, emit_report  # noqa: E402  (sibling scripts)
+from server import BACKCHANNEL_AGENT, USER, _process, free_port  # noqa: E402
 
 QUEUES = {"short": 1_000, "long": 10_000}
 TARGETS = {"first_start_s": 1.0, "drain_share": 0.9}
@@ -158,12 +157,7 @@ def render(results: dict[str, Any], out: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="queues of 200 and 2,000 runs")
-    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout")
-    parser.add_argument("--postgres", default=os.environ.get("BACKCHANNEL_TEST_POSTGRES"),
-                        help="a Postgres URL (each measurement gets a fresh schema in it)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "queues of 200 and 2,000 runs", postgres=True).parse_args(argv)
     results = run(args.postgres, args.quick)
     emit_report(results, [render], args.json)
     return 0

@@ -21,7 +21,6 @@ LangChain's ``create_agent`` runs with LangGraph's ``InMemorySaver`` or ``AsyncS
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import os
@@ -37,14 +36,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_overhead import (  # noqa: E402  (a sibling script, not a package)
+from _cli import arguments, emit_report  # noqa: E402  (sibling scripts, not a package)
+from step_overhead import (  # noqa: E402
     LANGGRAPH_CONFIG,
     PROMPT,
     STEPS_PER_SAMPLE,
     Stats,
     _langchain_kit,
     _progress,
-    emit_report,
     versions,
 )
 
@@ -380,10 +379,7 @@ def render_targets(checks: list[dict[str, Any]], out: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument("--json", action="store_true", help="print JSON on stdout (the tables go to stderr)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "fewer repeats").parse_args(argv)
     settings = Settings.for_mode(args.quick)
     results = asyncio.run(run_benchmarks(settings))
     results.update(mode="quick" if args.quick else "full", settings=asdict(settings), threads=THREADS,

@@ -16,8 +16,6 @@ throwaway one). Usage::
 
 from __future__ import annotations
 
-import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -30,8 +28,8 @@ import httpx
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from server import USER, Load, backchannel_server, wrk_load  # noqa: E402  (a sibling script)
-from step_overhead import emit_report  # noqa: E402
+from _cli import arguments, emit_report  # noqa: E402  (sibling scripts)
+from server import USER, Load, backchannel_server, wrk_load  # noqa: E402
 
 CLIENTS = 64
 PROCESSES = (1, 2, 4)
@@ -105,12 +103,7 @@ def render(results: dict[str, Any], out: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter samples (about a minute)")
-    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout")
-    parser.add_argument("--postgres", default=os.environ.get("BACKCHANNEL_TEST_POSTGRES"),
-                        help="a Postgres URL (each configuration gets a fresh schema in it)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "shorter samples (about a minute)", postgres=True).parse_args(argv)
     results = run(args.postgres, 3.0 if args.quick else 8.0, 1 if args.quick else 3)
     emit_report(results, [render], args.json)
     return 0

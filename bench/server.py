@@ -28,7 +28,6 @@ peak RSS ≤ 80 MiB. ``langgraph dev`` needs ``langgraph-cli[inmem]`` and ``lang
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -51,7 +50,7 @@ import httpx
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from step_overhead import emit_report  # noqa: E402  (a sibling script, not a package)
+from _cli import arguments, emit_report  # noqa: E402  (a sibling script, not a package)
 
 CLIENTS = 32
 TARGETS = {"latency_p50_ms": 5.0, "runs_per_second": 1000.0, "first_event_p50_ms": 5.0, "peak_rss_mib": 80.0}
@@ -474,10 +473,7 @@ def render(results: dict[str, Any], out: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples (about a minute)")
-    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "fewer samples (about a minute)").parse_args(argv)
     results = run(Settings.for_mode(args.quick))
     emit_report(results, [render], args.json)
     return 0

@@ -27,12 +27,10 @@ backchannel's ``ScriptedModel``. Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import gc
 import importlib.metadata
-import json
 import platform
 import statistics
 import subprocess
@@ -42,6 +40,8 @@ import tracemalloc
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from _cli import arguments, emit_report  # a sibling module, on the path beside this script
 
 SIZES = (10, 50, 200)
 STEPS_PER_SAMPLE = 200  # runs per timed sample: max(1, STEPS_PER_SAMPLE // N)
@@ -707,21 +707,8 @@ def versions(distributions: tuple[str, ...] = DISTRIBUTIONS) -> dict[str, str]:
     return found
 
 
-def to_jsonable(value: Any) -> Any:
-    if isinstance(value, (Stats, ImportTime, StepCost)):
-        return asdict(value)
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_jsonable(v) for v in value]
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and iterations")
-    parser.add_argument("--json", action="store_true", help="print JSON on stdout (the tables go to stderr)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "fewer repeats and iterations").parse_args(argv)
     settings = Settings.for_mode(args.quick)
     results = run_benchmarks(settings)
     results.update(mode="quick" if args.quick else "full", settings=asdict(settings),
@@ -733,17 +720,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     emit_report(results, [render_steps, render_sync_steps, render_tracing, render_costs,
                           lambda r, out: render_targets(checks, out)], args.json)
     return 0
-
-
-def emit_report(results: dict[str, Any], renderers: list[Any], as_json: bool,
-                plain: Any = lambda results: results) -> None:
-    """Print the tables (to stderr when the JSON document goes to stdout), then the JSON if asked."""
-    out = sys.stderr if as_json else sys.stdout
-    for render in renderers:
-        render(results, out)
-    if as_json:
-        json.dump(to_jsonable(plain(results)), sys.stdout, indent=2)
-        print()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ no failure. backchannel runs on a SQLite file (its default) with ``--max-concurr
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -43,8 +42,8 @@ from urllib.parse import urlsplit
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+from _cli import arguments, emit_report  # noqa: E402  (sibling scripts)
 from server import backchannel_server, children, langgraph_server, memory_mib, peak_rss_mib  # noqa: E402
-from step_overhead import emit_report  # noqa: E402
 
 TOKENS = 200
 INTERVAL = 0.02
@@ -216,20 +215,14 @@ def render(results: dict[str, Any], out: Any) -> None:
               "≤ 100 KiB per stream, no failure)", file=out)
 
 
-def _key_as_int(results: dict[str, Any]) -> dict[str, Any]:
-    return {name: {str(k): v for k, v in levels.items()} for name, levels in results.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a shorter window")
-    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout")
+    parser = arguments(__doc__, "a shorter window")
     parser.add_argument("--clients", default=",".join(map(str, LEVELS)), help="the Ns, comma-separated")
     parser.add_argument("--servers", default=",".join(SERVERS), help="which servers, comma-separated")
     args = parser.parse_args(argv)
     results = run(Settings.for_mode(args.quick), [int(n) for n in args.clients.split(",")],
                   [s.strip() for s in args.servers.split(",")])
-    emit_report(results, [render], args.json, plain=_key_as_int)
+    emit_report(results, [render], args.json)
     return 0
 
 

@@ -20,7 +20,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -31,7 +30,8 @@ from dataclasses import asdict
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _peers import reply_chat_model  # noqa: E402  (sibling scripts, not a package)
+from _cli import arguments  # noqa: E402  (sibling scripts, not a package)
+from _peers import reply_chat_model  # noqa: E402
 from runtime import sqlite_footprint  # noqa: E402
 from step_overhead import Framework, measure_steps  # noqa: E402
 
@@ -258,10 +258,7 @@ def render(results: dict[str, Any], out: Any) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument("--json", action="store_true", help="JSON on stdout, tables on stderr")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "fewer repeats").parse_args(argv)
     results = asyncio.run(run_benchmarks(args.quick))
     checks = render(results, sys.stderr if args.json else sys.stdout)
     if args.json:
