@@ -38,22 +38,22 @@ POLL = 0.01  # seconds between looks for the first run started (ten times that f
 TIME_LIMIT = 600.0
 
 
-async def queue_runs(database: str, count: int) -> None:
-    """Leave ``count`` pending runs of the echo agent in ``database``, queued by a runtime that then closes."""
-    from bench_agents import agent  # written into the work directory, as the server imports it
-
+async def queue_runs(database: str, count: int, agent: Any, input: Any) -> None:
+    """Leave ``count`` pending runs of ``agent`` in ``database``, each on a thread of its own, queued by a runtime
+    that starts none and then closes (as a server stopped with a full queue leaves them)."""
     from backchannel.runtime import LocalRuntime
     from backchannel.server.serving import served
 
     # As the server serves it (with its middleware), so the server takes these runs as its agent's.
     async with LocalRuntime(database, agents={"echo": served(agent)}, max_concurrency=0) as rt:
-        for start in range(0, count, 200):  # in groups: the backends batch a tick's writes
-            await asyncio.gather(*(rt.runs.create(str(uuid.uuid4()), "echo", input=USER, if_not_exists="create")
-                                   for _ in range(start, min(count, start + 200))))
+        for start in range(0, count, 500):  # in groups: the backends store a tick's writes at once
+            await asyncio.gather(*(rt.runs.create(str(uuid.uuid4()), "echo", input=input, if_not_exists="create")
+                                   for _ in range(start, min(count, start + 500))))
 
 
 class Watcher:
-    """Counts the runs that left ``pending`` and those that ended, by reading the database."""
+    """Counts the runs that left ``pending`` and those that ended, by reading the database (SQLite's file or
+    Postgres) from outside the server, as its own client: tests/server/test_restart_queue.py watches with it too."""
 
     # Cheap, so the watching does not slow the server down: whether one run has left the queue, and
     # (less often) how many have ended.
@@ -88,7 +88,9 @@ def measure(workdir: Path, database: str, count: int) -> dict[str, float]:
     (workdir / "bench_agents.py").write_text(BACKCHANNEL_AGENT)
     sys.path.insert(0, str(workdir))
     try:
-        asyncio.run(queue_runs(database, count))
+        from bench_agents import agent  # written into the work directory, as the server imports it
+
+        asyncio.run(queue_runs(database, count, agent, USER))
     finally:
         sys.path.remove(str(workdir))
         sys.modules.pop("bench_agents", None)

@@ -8,57 +8,33 @@ run), and then run them all, once each.
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
+import importlib
 import subprocess
+import sys
 import time
-import uuid
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from server_agents import echo
 from server_helpers import ProcessServer, user
 
-from backchannel.runtime import LocalRuntime
-from backchannel.server.serving import served
-
 QUEUED = 4_000
 PROMPT = 1.0  # seconds: how much later than an empty server's start the first queued run may start
 
 
-async def queue_runs(database: str, count: int) -> None:
-    """``count`` runs of ``echo``, each on a new thread, queued by a runtime that starts none and closes."""
-    async with LocalRuntime(database, agents={"echo": served(echo)}, max_concurrency=0) as rt:
-        for start in range(0, count, 500):  # together: the backends store a tick's writes at once
-            await asyncio.gather(*(rt.runs.create(str(uuid.uuid4()), "echo", input=user("hi"), if_not_exists="create")
-                                   for _ in range(start, min(count, start + 500))))
+def bench_script(name: str) -> Any:
+    """A script of bench/, imported as its siblings import it (bench/ on the path only meanwhile)."""
+    saved = list(sys.path)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
 
 
-class Runs:
-    """The runs' statuses, read from the database as the server works."""
-
-    BEGUN = "SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('running', 'success'))"  # cheap: looked at often
-    ENDED = "SELECT count(*) FROM runs WHERE status = 'success'"
-
-    def __init__(self, database: str) -> None:
-        if database.startswith("sqlite:///"):
-            self.conn = sqlite3.connect(database.removeprefix("sqlite:///"), isolation_level=None)
-        else:
-            import psycopg
-
-            self.conn = psycopg.connect(database, autocommit=True)
-
-    def begun(self) -> bool:
-        return bool(self._one(self.BEGUN))
-
-    def ended(self) -> int:
-        return self._one(self.ENDED)
-
-    def _one(self, query: str):
-        try:
-            return self.conn.execute(query).fetchall()[0][0]
-        except sqlite3.OperationalError:  # the server holds the database (migrating): look again
-            return 0
+restart = bench_script("restart")  # bench/restart.py queues the runs and watches them as this test does
 
 
 def seconds_until(server: ProcessServer, condition, timeout: float) -> float:
@@ -103,8 +79,8 @@ async def test_a_server_restarted_on_thousands_of_queued_runs_starts_one_at_once
     finally:
         baseline.stop()
 
-    await queue_runs(database, QUEUED)
-    runs = Runs(database)
+    await restart.queue_runs(database, QUEUED, echo, user("hi"))
+    runs = restart.Watcher(database)
     assert not runs.begun()
     server = ProcessServer(["server_agents:echo"], database)
     try:
@@ -114,5 +90,8 @@ async def test_a_server_restarted_on_thousands_of_queued_runs_starts_one_at_once
         waited(server, lambda: runs.ended() == QUEUED, 120)  # all of them run
     finally:
         server.stop()
-    ended = runs.conn.execute("SELECT count(*), min(attempts), max(attempts) FROM runs").fetchall()[0]
+    try:
+        ended = runs.conn.execute("SELECT count(*), min(attempts), max(attempts) FROM runs").fetchall()[0]
+    finally:
+        runs.close()
     assert tuple(ended) == (QUEUED, 1, 1)  # each run once
