@@ -7,7 +7,8 @@ columns in the same order: rows become parameters and come back here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,13 +24,14 @@ from backchannel.runtime.rows import (
     RunRow,
     ThreadRow,
     ThreadStatus,
+    cron_order,
     delta_text,
 )
 from backchannel.serde import json_text
 
 __all__ = ["ASSISTANT_COLUMNS", "CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "assistant_order",
            "assistant_row", "assistant_values", "chain_is_whole", "checkpoint_chain", "checkpoint_row",
-           "checkpoint_values", "cron_filter", "cron_row", "cron_update", "cron_values", "dump", "inbox_message",
+           "checkpoint_values", "CronSQL", "cron_row", "cron_values", "dump", "inbox_message",
            "item_row", "matching_namespaces", "run_row", "run_values", "thread_changes", "thread_row",
            "thread_values"]
 
@@ -185,17 +187,65 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value  # Postgres hands JSONB back decoded
 
 
-def cron_update(row: CronRow, *, reschedule: bool, param: str) -> tuple[str, tuple[Any, ...]]:
-    """The statement storing a changed cron (see ``CronStorage.update_cron``), ``param`` its placeholder."""
-    values = dict(zip(CRON_COLUMNS.split(", "), cron_values(row)))
-    columns = [c for c in values if c not in ("cron_id", "created_at") and (reschedule or c != "next_run_date")]
-    sql = f"UPDATE crons SET {', '.join(f'{c} = {param}' for c in columns)} WHERE cron_id = {param}"
-    return sql, (*(values[c] for c in columns), row.cron_id)
+Statement = tuple[str, tuple[Any, ...]]
 
 
-def cron_filter(assistant_id: str | None, thread_id: str | None, enabled: bool | None, *,
-                param: str) -> tuple[list[str], list[Any]]:
-    """The clauses (``param`` their placeholder) and parameters picking crons by assistant, thread and state."""
-    given = (("assistant_id", assistant_id), ("thread_id", thread_id), ("enabled", enabled))
-    return [f"{column} = {param}" for column, value in given if value is not None], [v for _, v in given
-                                                                                     if v is not None]
+@dataclass(frozen=True)
+class CronSQL:
+    """The crons table's statements, for a backend's placeholder and SQL dialect (what differs is given)."""
+
+    param: str  # the placeholder: "?" or "%s"
+    metadata_equals: Callable[[str, Any], tuple[str, list[Any]]]  # a key of the metadata equals a value: clause, params
+    any_of: Callable[[str, Sequence[str]], tuple[str, Any]]  # a column is one of the values: clause, its parameter
+    insertion_order: str  # the column that breaks ties in the order crons were stored
+
+    def insert(self, row: CronRow) -> Statement:
+        return f"INSERT INTO crons ({CRON_COLUMNS}) VALUES ({', '.join([self.param] * 13)})", cron_values(row)
+
+    def get(self, cron_id: str) -> Statement:
+        return f"SELECT {CRON_COLUMNS} FROM crons WHERE cron_id = {self.param}", (cron_id,)
+
+    def update(self, row: CronRow, *, reschedule: bool) -> Statement:
+        """Storing a changed cron (see ``CronStorage.update_cron``)."""
+        values = dict(zip(CRON_COLUMNS.split(", "), cron_values(row)))
+        columns = [c for c in values if c not in ("cron_id", "created_at") and (reschedule or c != "next_run_date")]
+        sql = f"UPDATE crons SET {', '.join(f'{c} = {self.param}' for c in columns)} WHERE cron_id = {self.param}"
+        return sql, (*(values[c] for c in columns), row.cron_id)
+
+    def delete(self, cron_id: str) -> Statement:
+        return f"DELETE FROM crons WHERE cron_id = {self.param}", (cron_id,)
+
+    def search(self, assistant_id: str | None, thread_id: str | None, enabled: bool | None,
+               metadata: dict[str, Any] | None, limit: int, offset: int, sort_by: str, sort_order: str) -> Statement:
+        column, order = cron_order(sort_by, sort_order)
+        where, params = self._where(assistant_id, thread_id, enabled, metadata)
+        return (f"SELECT {CRON_COLUMNS} FROM crons WHERE {where} ORDER BY {column} {order}, "
+                f"{self.insertion_order} {order} LIMIT {self.param} OFFSET {self.param}", (*params, limit, offset))
+
+    def count(self, assistant_id: str | None, thread_id: str | None, metadata: dict[str, Any] | None) -> Statement:
+        where, params = self._where(assistant_id, thread_id, None, metadata)
+        return f"SELECT count(*) FROM crons WHERE {where}", params
+
+    def due(self, before: str, limit: int, assistant_ids: Sequence[str]) -> Statement:
+        # ticks are fixed-width UTC text: they compare as text under any collation
+        clause, ids = self.any_of("assistant_id", assistant_ids)
+        return (f"SELECT {CRON_COLUMNS} FROM crons WHERE enabled AND next_run_date <= {self.param} "
+                f"AND (end_time IS NULL OR next_run_date <= end_time) AND {clause} "
+                f"ORDER BY next_run_date LIMIT {self.param}", (before, ids, limit))
+
+    def claim_tick(self, cron_id: str, tick: str, next_tick: str) -> Statement:
+        # One statement: of the processes trying at once, the first to update the row wins; the others
+        # find next_run_date no longer equal to the tick.
+        return (f"UPDATE crons SET next_run_date = {self.param} WHERE cron_id = {self.param} "
+                f"AND next_run_date = {self.param}", (next_tick, cron_id, tick))
+
+    def _where(self, assistant_id: str | None, thread_id: str | None, enabled: bool | None,
+               metadata: dict[str, Any] | None) -> tuple[str, tuple[Any, ...]]:
+        given = [(c, v) for c, v in (("assistant_id", assistant_id), ("thread_id", thread_id), ("enabled", enabled))
+                 if v is not None]
+        clauses, params = ["1 = 1", *(f"{column} = {self.param}" for column, _ in given)], [v for _, v in given]
+        for key, value in (metadata or {}).items():
+            clause, values = self.metadata_equals(key, value)
+            clauses.append(clause)
+            params += values
+        return " AND ".join(clauses), tuple(params)

@@ -35,10 +35,10 @@ from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._pgpool import ConnectionPool, unavailable
 from backchannel.runtime._rows import (
     ASSISTANT_COLUMNS,
-    CRON_COLUMNS,
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
+    CronSQL,
     assistant_order,
     assistant_row,
     assistant_values,
@@ -46,10 +46,7 @@ from backchannel.runtime._rows import (
     checkpoint_chain,
     checkpoint_row,
     checkpoint_values,
-    cron_filter,
     cron_row,
-    cron_update,
-    cron_values,
     dump,
     inbox_message,
     item_row,
@@ -74,7 +71,6 @@ from backchannel.runtime.rows import (
     ThreadRow,
     ThreadStatus,
     ThreadTTL,
-    cron_order,
     delta_text,
     epoch_of,
     thread_order,
@@ -198,6 +194,8 @@ _KEY_LOCK = 0x6263_0003
 _RETRY_FIRST, _RETRY_MAX = 0.05, 1.0  # seconds between attempts to reach the database again
 _NOTIFY_LIMIT = 7900  # bytes: Postgres refuses a NOTIFY payload of 8000 or more
 _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
+_CRONS = CronSQL("%s", metadata_equals=lambda key, value: (_json_equals("metadata"), [key, dump(value)]),
+                 any_of=lambda column, values: (f"{column} = ANY(%s)", list(values)), insertion_order="seq")
 
 
 @contextmanager
@@ -892,59 +890,38 @@ class PostgresStorage(Storage):
         rows = await self._all("SELECT DISTINCT namespace FROM items")
         return matching_namespaces((joined for (joined,) in rows), prefix, suffix, max_depth, limit, offset)
 
-    # -- crons (ticks are fixed-width UTC text: they compare as text under any collation)
+    # -- crons
 
     async def create_cron(self, row: CronRow) -> None:
-        await self._write(f"INSERT INTO crons ({CRON_COLUMNS}) VALUES ({', '.join(['%s'] * 13)})", cron_values(row))
+        await self._write(*_CRONS.insert(row))
 
     async def get_cron(self, cron_id: str) -> CronRow | None:
-        found = await self._one(f"SELECT {CRON_COLUMNS} FROM crons WHERE cron_id = %s", (cron_id,))
+        found = await self._one(*_CRONS.get(cron_id))
         return cron_row(found) if found else None
 
     async def update_cron(self, row: CronRow, *, reschedule: bool) -> bool:
-        return bool(await self._write(*cron_update(row, reschedule=reschedule, param="%s")))
+        return bool(await self._write(*_CRONS.update(row, reschedule=reschedule)))
 
     async def delete_cron(self, cron_id: str) -> bool:
-        return bool(await self._write("DELETE FROM crons WHERE cron_id = %s", (cron_id,)))
-
-    @staticmethod
-    def _cron_filter(assistant_id: str | None, thread_id: str | None, enabled: bool | None,
-                     metadata: dict[str, Any] | None) -> tuple[str, list[Any]]:
-        clauses, params = cron_filter(assistant_id, thread_id, enabled, param="%s")
-        clauses.insert(0, "TRUE")
-        for key, value in (metadata or {}).items():
-            clauses.append(_json_equals("metadata"))
-            params += [key, dump(value)]
-        return " AND ".join(clauses), params
+        return bool(await self._write(*_CRONS.delete(cron_id)))
 
     async def search_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
                            enabled: bool | None = None, metadata: dict[str, Any] | None = None, limit: int = 10,
                            offset: int = 0, sort_by: str = "created_at", sort_order: str = "desc") -> list[CronRow]:
-        sort_by, order = cron_order(sort_by, sort_order)
-        where, params = self._cron_filter(assistant_id, thread_id, enabled, metadata)
-        rows = await self._all(f"SELECT {CRON_COLUMNS} FROM crons WHERE {where} ORDER BY {sort_by} {order}, "
-                               f"seq {order} LIMIT %s OFFSET %s", (*params, limit, offset))
-        return [cron_row(r) for r in rows]
+        query = _CRONS.search(assistant_id, thread_id, enabled, metadata, limit, offset, sort_by, sort_order)
+        return [cron_row(r) for r in await self._all(*query)]
 
     async def count_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
                           metadata: dict[str, Any] | None = None) -> int:
-        where, params = self._cron_filter(assistant_id, thread_id, None, metadata)
-        found = await self._one(f"SELECT count(*) FROM crons WHERE {where}", params)
+        found = await self._one(*_CRONS.count(assistant_id, thread_id, metadata))
         assert found is not None
         return found[0]
 
     async def due_crons(self, before: str, limit: int, assistant_ids: Sequence[str]) -> list[CronRow]:
-        rows = await self._all(
-            f"SELECT {CRON_COLUMNS} FROM crons WHERE enabled AND next_run_date <= %s "
-            "AND (end_time IS NULL OR next_run_date <= end_time) AND assistant_id = ANY(%s) "
-            "ORDER BY next_run_date LIMIT %s", (before, list(assistant_ids), limit))
-        return [cron_row(r) for r in rows]
+        return [cron_row(r) for r in await self._all(*_CRONS.due(before, limit, assistant_ids))]
 
     async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:
-        # One statement: of the processes trying at once, the first to update the row wins; the others
-        # wait for its commit, then find next_run_date no longer equal to the tick.
-        return bool(await self._write("UPDATE crons SET next_run_date = %s WHERE cron_id = %s AND next_run_date = %s",
-                                      (next_tick, cron_id, tick)))
+        return bool(await self._write(*_CRONS.claim_tick(cron_id, tick, next_tick)))
 
 
 class PostgresCoordinator(Coordinator):

@@ -39,10 +39,10 @@ from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
     ASSISTANT_COLUMNS,
-    CRON_COLUMNS,
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
+    CronSQL,
     assistant_order,
     assistant_row,
     assistant_values,
@@ -50,10 +50,7 @@ from backchannel.runtime._rows import (
     checkpoint_chain,
     checkpoint_row,
     checkpoint_values,
-    cron_filter,
     cron_row,
-    cron_update,
-    cron_values,
     dump,
     inbox_message,
     item_row,
@@ -78,7 +75,6 @@ from backchannel.runtime.rows import (
     ThreadRow,
     ThreadStatus,
     ThreadTTL,
-    cron_order,
     delta_text,
     epoch_of,
     thread_order,
@@ -96,6 +92,10 @@ __all__ = ["SQLiteStorage"]
 logger = logging.getLogger("backchannel")
 
 _CHAIN_SLICE = 500  # checkpoint rows read per query: a long chain's read yields to other requests between
+_CRONS = CronSQL("?", metadata_equals=lambda key, value: ("json_extract(metadata, ?) IS json_extract(?, '$')",
+                                                         [f'$."{key}"', dump(value)]),
+                 any_of=lambda column, values: (f"{column} IN (SELECT value FROM json_each(?))", dump(list(values))),
+                 insertion_order="rowid")
 
 _ASSISTANT_TABLE = ("assistant_id TEXT NOT NULL, graph_id TEXT NOT NULL, version INTEGER NOT NULL, "
                     "created_at TEXT NOT NULL, updated_at TEXT NOT NULL, config TEXT NOT NULL, context TEXT NOT NULL, "
@@ -1020,53 +1020,33 @@ class SQLiteStorage(Storage):
     # -- crons
 
     async def create_cron(self, row: CronRow) -> None:
-        await self._write(f"INSERT INTO crons ({CRON_COLUMNS}) VALUES ({','.join('?' * 13)})", cron_values(row))
+        await self._write(*_CRONS.insert(row))
 
     async def get_cron(self, cron_id: str) -> CronRow | None:
-        found = self.db.execute(f"SELECT {CRON_COLUMNS} FROM crons WHERE cron_id = ?", (cron_id,)).fetchone()
+        found = self.db.execute(*_CRONS.get(cron_id)).fetchone()
         return cron_row(found) if found else None
 
     async def update_cron(self, row: CronRow, *, reschedule: bool) -> bool:
-        return bool(await self._write(*cron_update(row, reschedule=reschedule, param="?")))
+        return bool(await self._write(*_CRONS.update(row, reschedule=reschedule)))
 
     async def delete_cron(self, cron_id: str) -> bool:
-        return bool(await self._write("DELETE FROM crons WHERE cron_id = ?", (cron_id,)))
-
-    @staticmethod
-    def _cron_filter(assistant_id: str | None, thread_id: str | None, enabled: bool | None,
-                     metadata: dict[str, Any] | None) -> tuple[str, list[Any]]:
-        clauses, params = cron_filter(assistant_id, thread_id, enabled, param="?")
-        clauses.insert(0, "1")
-        for key, value in (metadata or {}).items():
-            clauses.append("json_extract(metadata, ?) IS json_extract(?, '$')")
-            params += [f'$."{key}"', dump(value)]
-        return " AND ".join(clauses), params
+        return bool(await self._write(*_CRONS.delete(cron_id)))
 
     async def search_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
                            enabled: bool | None = None, metadata: dict[str, Any] | None = None, limit: int = 10,
                            offset: int = 0, sort_by: str = "created_at", sort_order: str = "desc") -> list[CronRow]:
-        sort_by, order = cron_order(sort_by, sort_order)
-        where, params = self._cron_filter(assistant_id, thread_id, enabled, metadata)
-        rows = self.db.execute(f"SELECT {CRON_COLUMNS} FROM crons WHERE {where} ORDER BY {sort_by} {order}, "
-                               f"rowid {order} LIMIT ? OFFSET ?", (*params, limit, offset)).fetchall()
-        return [cron_row(r) for r in rows]
+        query = _CRONS.search(assistant_id, thread_id, enabled, metadata, limit, offset, sort_by, sort_order)
+        return [cron_row(r) for r in self.db.execute(*query).fetchall()]
 
     async def count_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
                           metadata: dict[str, Any] | None = None) -> int:
-        where, params = self._cron_filter(assistant_id, thread_id, None, metadata)
-        return int(self.db.execute(f"SELECT count(*) FROM crons WHERE {where}", params).fetchone()[0])
+        return int(self.db.execute(*_CRONS.count(assistant_id, thread_id, metadata)).fetchone()[0])
 
     async def due_crons(self, before: str, limit: int, assistant_ids: Sequence[str]) -> list[CronRow]:
-        rows = self.db.execute(
-            f"SELECT {CRON_COLUMNS} FROM crons WHERE enabled AND next_run_date <= ? "
-            "AND (end_time IS NULL OR next_run_date <= end_time) "
-            "AND assistant_id IN (SELECT value FROM json_each(?)) ORDER BY next_run_date LIMIT ?",
-            (before, dump(list(assistant_ids)), limit)).fetchall()
-        return [cron_row(r) for r in rows]
+        return [cron_row(r) for r in self.db.execute(*_CRONS.due(before, limit, assistant_ids)).fetchall()]
 
     async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:
-        return bool(await self._write("UPDATE crons SET next_run_date = ? WHERE cron_id = ? AND next_run_date = ?",
-                                      (next_tick, cron_id, tick)))
+        return bool(await self._write(*_CRONS.claim_tick(cron_id, tick, next_tick)))
 
 
 def _migrate(db: sqlite3.Connection, path: str, migrations: Sequence[Sequence[str]]) -> None:
