@@ -12,6 +12,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from runtime_helpers import contents, echo_agent, eventually, user
 
+from backchannel import HumanMessage, ScriptedModel, SubAgent
+from backchannel.deep_agent import create_deep_agent
 from backchannel.errors import InvalidRequestError, NotFoundError
 from backchannel.runtime import StoreTTLConfig, ThreadTTLConfig
 
@@ -72,6 +74,45 @@ async def test_a_thread_with_a_one_minute_ttl_is_swept_once_the_minute_has_passe
     await eventually(lambda: _not(_exists(rt, short)), timeout=10)
     assert await rt.storage.list_runs(short) == [] and await rt.storage.head_checkpoint(short) is None
     assert await _exists(rt, longer) and await _exists(rt, forever)
+
+
+
+def supervisor(task_seconds: float):
+    """A supervisor that starts one background task (taking ``task_seconds``) and relays its report."""
+
+    def reply(request):
+        last = request.messages[-1]
+        if isinstance(last, HumanMessage) and "task_notification" in last.additional_kwargs:
+            return "Relay: " + last.text
+        if isinstance(last, HumanMessage):
+            return {"tool_calls": [{"name": "start_async_task", "id": "call_start",
+                                    "args": {"description": "find it", "subagent_type": "researcher"}}]}
+        return "Started; I'll report back."
+
+    researcher = SubAgent("researcher", "Researches things.", background=True,
+                          model=ScriptedModel(["The answer is 42."], latency=task_seconds))
+    return create_deep_agent(ScriptedModel([reply], loop=True), subagents=[researcher], general_purpose=False)
+
+
+async def test_a_thread_whose_ttl_passes_while_its_background_task_runs_is_kept_for_the_task_report(make_runtime):
+    clock = Clock()
+    rt = await make_runtime({"supervisor": supervisor(task_seconds=4.0)}, clock=clock,
+                            thread_ttl=ThreadTTLConfig(sweep_interval_minutes=SWEEP_MINUTES))
+    tid = (await rt.threads.create(ttl=1))["thread_id"]
+    await rt.runs.wait(tid, "supervisor", input=user("research please"))
+    [task] = (await rt.threads.get_state(tid))["values"]["async_tasks"].values()
+
+    clock.advance(minutes=2)  # the supervisor's thread has been idle past its TTL; its task still runs
+    await _swept(rt)
+    assert [r["status"] for r in await rt.runs.list(task["task_id"])] == ["running"]  # (the test is not moot)
+    assert await _exists(rt, tid)
+    clock.advance(minutes=-2)  # back to now: the report's wake-up run on the thread is what the test reads
+
+    async def relayed() -> bool:
+        return any(m["content"].startswith("Relay: ") for m in
+                   (await rt.threads.get_state(tid))["values"]["messages"])
+
+    await eventually(relayed, timeout=20)
 
 
 async def _not(found) -> bool:

@@ -249,8 +249,8 @@ async def test_requeue_orphans_takes_only_the_runs_of_agents_it_serves(storage):
 
 async def test_requeue_orphans_hands_dead_workers_runs_over(storage):
     now = now_iso()
-    await storage.create_thread(ThreadRow("t1", now, now))
-    await storage.create_thread(ThreadRow("t2", now, now))
+    for thread_id in ("t1", "t2", "t3"):
+        await storage.create_thread(ThreadRow(thread_id, now, now))
     dead_running = _run("t1", status="running", worker="dead")
     dead_pending = _run("t1", worker="dead")
     alive = _run("t2", status="running", worker="alive")
@@ -430,8 +430,23 @@ async def test_dropping_a_pending_run_leaves_a_persons_question_pending(storage)
     assert (thread.status, thread.interrupts) == ("interrupted", question)
 
 
+async def test_a_run_is_stored_only_on_a_thread_that_exists(storage):
+    now = now_iso()
+    assert not await storage.create_run(_run("gone"))  # never made, or deleted since the caller read it
+    assert await storage.list_runs("gone") == [] and await storage.count_runs_by_status() == {}
+    await storage.create_thread(ThreadRow("t", now, now))
+    run = _run("t")
+    assert await storage.create_run(run)
+    assert await storage.delete_thread("t")
+    assert await storage.get_run(run.run_id) is None  # gone with its thread
+    assert not await storage.create_run(_run("t"))
+    assert await storage.count_runs_by_status() == {}
+
+
 async def test_runs_are_counted_by_status(storage):
     assert await storage.count_runs_by_status() == {}
+    for thread_id in ("t", "u"):
+        await storage.create_thread(ThreadRow(thread_id, now_iso(), now_iso()))
     queued, doomed, claimed = _run("t"), _run("t"), _run("u", status="running")
     for row in (queued, doomed, claimed):
         await storage.create_run(row)

@@ -1,10 +1,11 @@
 """Threads: create/get/search/update/delete/copy, state, update_state, history, and agent.ainvoke on threads."""
 
 import asyncio
+import copy
 import uuid
 
 import pytest
-from runtime_helpers import contents, echo_agent, eventually, run_status_is, user
+from runtime_helpers import contents, echo_agent, eventually, run_status_is, step, tool_loop, user
 
 from backchannel import ConflictError, NotFoundError, ScriptedModel, create_agent
 
@@ -155,6 +156,35 @@ async def test_delete_of_a_busy_thread_stops_its_run(make_runtime):
         await rt.threads.get(thread["thread_id"])
 
 
+
+async def test_a_run_created_as_its_thread_is_deleted_is_refused_or_deleted_with_it_never_left_on_no_thread(
+        make_runtime):
+    rt = await make_runtime({"agent": echo_agent()})
+    outcomes = set()
+    for attempt in range(40):
+        tid = (await rt.threads.create())["thread_id"]
+        await rt.runs.wait(tid, "agent", input=user("first"))  # a thread with state, as deletes usually meet
+        creating = asyncio.ensure_future(rt.runs.create(tid, "agent", input=user("racing")))
+        for _ in range(attempt % 4):  # the two calls meet at different points
+            await asyncio.sleep(0)
+        deleting = asyncio.ensure_future(rt.threads.delete(tid))
+        created, deleted = await asyncio.gather(creating, deleting, return_exceptions=True)
+        assert deleted is None
+        assert isinstance(created, dict | NotFoundError), created
+        outcomes.add(type(created).__name__)
+        await eventually(lambda: _no_run_executing(rt), timeout=10)
+        with pytest.raises(NotFoundError):
+            await rt.threads.get(tid)
+        # nothing of the thread is left: no run (queued, running or ended), no checkpoint
+        assert await rt.storage.list_runs(tid) == []
+        assert await rt.storage.list_checkpoints(tid) == []
+    assert outcomes <= {"dict", "NotFoundError"}  # either is right: the test is that nothing is left behind
+
+
+async def _no_run_executing(rt) -> bool:
+    return not rt.scheduler.executing
+
+
 async def test_copy_forks_the_thread_with_its_history(rt):
     thread = await rt.threads.create(metadata={"owner": "ana"})
     tid = thread["thread_id"]
@@ -208,6 +238,46 @@ async def test_get_state_after_a_run(rt):
     assert same["values"] == earlier["values"]
     with pytest.raises(NotFoundError):
         await rt.threads.get_state(tid, checkpoint_id=str(uuid.uuid4()))
+
+
+
+def scribble(values: dict) -> None:
+    """What a caller might do to the state it was handed: change a message, its tool call's arguments, the list."""
+    for change in (lambda: values["messages"][0].update(content="scribbled"),
+                   lambda: values["messages"][1]["tool_calls"][0]["args"].update(i=99),
+                   lambda: values["messages"][1]["additional_kwargs"].update(extra=1)):
+        try:
+            change()
+        except TypeError:  # read-only is as good: nothing the caller does reaches anyone else
+            pass
+    values["messages"].append({"type": "human", "content": "appended", "id": "x"})
+
+
+async def test_a_caller_changing_the_state_it_was_handed_changes_nothing_for_the_next_caller_or_the_agent(
+        make_runtime):
+    seen: list[list] = []
+
+    def model(request):
+        seen.append([(m.text, getattr(m, "tool_calls", None)) for m in request.messages])
+        return tool_loop(1)(request)
+
+    rt = await make_runtime({"agent": create_agent(ScriptedModel([model], loop=True), [step])})
+    tid = (await rt.threads.create())["thread_id"]
+    result = await rt.runs.wait(tid, "agent", input=user("hi"))
+    state = await rt.threads.get_state(tid)
+    history = await rt.threads.get_history(tid, limit=3)
+    thread = await rt.threads.get(tid)
+    before = copy.deepcopy(state)
+    for values in (result, state["values"], history[0]["values"], thread["values"]):
+        scribble(values)
+    assert await rt.threads.get_state(tid) == before
+    assert (await rt.threads.get_history(tid, limit=1))[0]["values"] == before["values"]
+    assert (await rt.threads.get(tid))["values"] == before["values"]
+    assert copy.deepcopy(before["values"]) == before["values"]
+    seen.clear()
+    await rt.runs.wait(tid, "agent", input=user("again"))
+    assert seen[0][:2] == [("hi", None), ("", [{"name": "step", "args": {"i": 1}, "id": "call_t1_s1",
+                                                       "type": "tool_call"}])]
 
 
 async def test_update_state_appends_messages_and_sets_keys(rt):

@@ -35,6 +35,7 @@ from backchannel.messages import (
     messages_from_input,
     new_id,
 )
+from backchannel.runtime._readonly import read_only
 from backchannel.runtime.rows import CheckpointRow, Delta, RunClaim, delta_text
 from backchannel.runtime.storage import CheckpointStorage
 from backchannel.serde import dumps, loads, to_jsonable
@@ -184,8 +185,8 @@ class Checkpointer:
     def jsonable(self, thread_id: str, values: Mapping[str, Any]) -> dict[str, Any]:
         """``values`` (a state of the thread) as JSON-able data. Each message is rendered once while the
         thread's state is cached (messages are never changed once recorded), and its dict is shared by every
-        rendering of it until then: read-only, like the message it renders (copying each one would cost more
-        than encoding the state)."""
+        rendering of it until then: read-only (a caller changing it would change what others see, and the
+        message itself), which costs less than copying each one for each caller."""
         cached = self._latest.get(thread_id)
         rendered = cached.rendered if cached is not None else {}
         out: dict[str, Any] = {}
@@ -320,7 +321,7 @@ def _appended(row: CheckpointRow, count: int | None, parent_count: int | None) -
 def _rendered(message: AnyMessage, rendered: dict[str, tuple[AnyMessage, dict[str, Any]]]) -> dict[str, Any]:
     hit = rendered.get(message.id)
     if hit is None or hit[0] is not message:
-        hit = rendered[message.id] = (message, message_to_dict(message))
+        hit = rendered[message.id] = (message, read_only(message_to_dict(message)))
     return hit[1]
 
 

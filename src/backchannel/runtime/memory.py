@@ -120,6 +120,11 @@ class MemoryStorage(Storage):
     def _busy(self, thread_id: str) -> bool:
         return any(self._runs[r].status in ACTIVE for r in self._runs_of.get(thread_id, ()))
 
+    def _tasking_parents(self) -> set[str]:
+        """The threads whose background tasks (threads naming them their parent) have a run pending or running."""
+        return {parent for r in self._runs.values() if r.status in ACTIVE and r.thread_id in self._threads
+                and (parent := self._threads[r.thread_id].metadata.get("parent_thread_id"))}
+
     async def delete_idle_thread(self, thread_id: str) -> bool:
         if thread_id not in self._threads or self._busy(thread_id):
             return False
@@ -135,9 +140,11 @@ class MemoryStorage(Storage):
     async def expired_threads(self, now: str, default: ThreadTTL | None, limit: int) -> list[tuple[str, PruneStrategy]]:
         found: list[tuple[str, PruneStrategy]] = []
         at = epoch_of(now)
+        waiting = self._tasking_parents() | set(self._with_mail())
         for thread_id, row in self._threads.items():
             ttl = self._thread_ttl.get(thread_id, default)
-            if ttl is None or epoch_of(row.updated_at) + ttl.minutes * 60 > at or self._busy(thread_id):
+            if ttl is None or epoch_of(row.updated_at) + ttl.minutes * 60 > at or self._busy(thread_id) \
+                    or thread_id in waiting:
                 continue
             if ttl.strategy == "keep_latest" and len(self._checkpoints.get(thread_id, ())) < 2:
                 continue
@@ -174,12 +181,15 @@ class MemoryStorage(Storage):
 
     # -- runs
 
-    async def create_run(self, row: RunRow) -> None:
+    async def create_run(self, row: RunRow) -> bool:
+        if row.thread_id not in self._threads:
+            return False
         row = _copy(row)
         self._runs[row.run_id] = row
         self._runs_of.setdefault(row.thread_id, []).append(row.run_id)
         self._order[row.run_id] = len(self._order)
         self._index(row)
+        return True
 
     async def get_run(self, run_id: str) -> RunRow | None:
         row = self._runs.get(run_id)
@@ -438,6 +448,9 @@ class MemoryStorage(Storage):
                 box[key][1] = True
 
     async def threads_with_mail(self) -> list[str]:
+        return self._with_mail()
+
+    def _with_mail(self) -> list[str]:
         return [t for t, box in self._inbox.items() if any(not entry[1] for entry in box.values())]
 
     # -- assistants

@@ -193,6 +193,10 @@ _THREAD_LOCK = 0x6263_0002
 _KEY_LOCK = 0x6263_0003
 _RETRY_FIRST, _RETRY_MAX = 0.05, 1.0  # seconds between attempts to reach the database again
 _NOTIFY_LIMIT = 7900  # bytes: Postgres refuses a NOTIFY payload of 8000 or more
+# The threads whose background tasks (threads naming them their parent) have a run pending or running: their
+# reports are still to come, so their TTL waits (the report's wake-up run starts it again).
+_TASKING_PARENTS = ("SELECT c.metadata ->> 'parent_thread_id' FROM runs r JOIN threads c ON c.thread_id = r.thread_id "
+                    "WHERE r.status IN ('pending', 'running') AND c.metadata ->> 'parent_thread_id' IS NOT NULL")
 _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
 _CRONS = CronSQL("%s", metadata_equals=lambda key, value: (_json_equals("metadata"), [key, dump(value)]),
                  any_of=lambda column, values: (f"{column} = ANY(%s)", list(values)), insertion_order="seq")
@@ -356,6 +360,8 @@ class PostgresStorage(Storage):
             "WHERE extract(epoch FROM t.updated_at::timestamptz) + coalesce(x.minutes, %(minutes)s) * 60 <= %(now)s "
             "AND t.status <> 'busy' "
             f"AND NOT EXISTS ({_ACTIVE_RUN.replace('%s', 't.thread_id')}) "
+            f"AND t.thread_id NOT IN ({_TASKING_PARENTS}) "
+            "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered) "
             "AND (coalesce(x.strategy, %(strategy)s) = 'delete' "
             "     OR EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t.thread_id AND c.parent_id IS NOT NULL)) "
             "LIMIT %(limit)s", {"strategy": strategy, "minutes": minutes, "now": epoch_of(now), "limit": limit}, "all")
@@ -490,10 +496,13 @@ class PostgresStorage(Storage):
 
     # -- runs
 
-    async def create_run(self, row: RunRow) -> None:
-        await self._write(
-            f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join(['%s'] * 18)})",
-            run_values(row))
+    async def create_run(self, row: RunRow) -> bool:
+        # The thread's row locked (shared) while the run goes in: a delete of the thread waits for this commit and
+        # then deletes the run too, or has committed already and the run is not inserted.
+        return bool(await self._write(
+            f"INSERT INTO runs ({_RUN_COLUMNS}) SELECT {', '.join(['%s'] * 18)} "
+            "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = %s FOR SHARE)",
+            (*run_values(row), row.thread_id)))
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = await self._one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))

@@ -121,7 +121,7 @@ class RunQueue:
         thread.status = "busy"
         try:
             await self._store(thread, row, new_thread=new_thread)
-        except StorageUnavailableError:
+        except (StorageUnavailableError, NotFoundError):
             self.scheduler.dropped(row.run_id)
             self.cancel_here(row.run_id, "interrupt")  # its stream ends: the run was never stored
             raise
@@ -140,9 +140,11 @@ class RunQueue:
         """Store the run and its thread, busy: in one transaction where the backend groups a tick's writes."""
         created = False
         if new_thread:
-            created, _ = await asyncio.gather(self.storage.create_thread(thread), self.storage.create_run(row))
+            created, stored = await asyncio.gather(self.storage.create_thread(thread), self.storage.create_run(row))
         else:
-            await asyncio.gather(self._mark_busy(thread, row), self.storage.create_run(row))
+            _, stored = await asyncio.gather(self._mark_busy(thread, row), self.storage.create_run(row))
+        if not stored:  # the thread was deleted since it was read
+            raise NotFoundError(f"Thread with ID {thread.thread_id} not found")
         if new_thread and not created:  # made meanwhile by another request
             await self._mark_busy(thread, row)
 

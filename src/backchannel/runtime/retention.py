@@ -7,7 +7,9 @@ once it has passed, ``delete`` removes the thread with its runs and checkpoints,
 whole state, so the thread reads and continues as before. A store item's ``ttl`` counts
 from when it was written, started again by reads that refresh it. The runtime's scheduler
 calls :meth:`Retention.sweep` every sweep interval; a thread with a pending or running
-run is never pruned (storage checks it in the transaction that prunes).
+run is never pruned (storage checks it in the transaction that prunes), and the sweep passes
+over a thread whose background tasks still run or whose mail is not yet taken: their reports
+would be lost, and the wake-up run that takes them starts the thread's time again.
 
 The operator's defaults are LangGraph's ``checkpointer.ttl`` and ``store.ttl`` settings:
 :class:`ThreadTTLConfig` and :class:`StoreTTLConfig`.

@@ -91,6 +91,11 @@ __all__ = ["SQLiteStorage"]
 
 logger = logging.getLogger("backchannel")
 
+# The threads whose background tasks (threads naming them their parent) have a run pending or running: their
+# reports are still to come, so their TTL waits (the report's wake-up run starts it again).
+_TASKING_PARENTS = ("SELECT json_extract(c.metadata, '$.parent_thread_id') FROM runs r JOIN threads c "
+                    "ON c.thread_id = r.thread_id WHERE r.status IN ('pending', 'running') "
+                    "AND json_extract(c.metadata, '$.parent_thread_id') IS NOT NULL")
 _CHAIN_SLICE = 500  # checkpoint rows read per query: a long chain's read yields to other requests between
 _CRONS = CronSQL("?", metadata_equals=lambda key, value: ("json_extract(metadata, ?) IS json_extract(?, '$')",
                                                          [f'$."{key}"', dump(value)]),
@@ -520,6 +525,8 @@ class SQLiteStorage(Storage):
             "WHERE (julianday(t.updated_at) - 2440587.5) * 86400.0 + coalesce(x.minutes, ?) * 60 <= ? "
             "AND t.status <> 'busy' "
             f"AND NOT EXISTS ({_ACTIVE_RUN.replace('?', 't.thread_id')}) "
+            f"AND t.thread_id NOT IN ({_TASKING_PARENTS}) "
+            "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered) "
             "AND (coalesce(x.strategy, ?) = 'delete' "
             "     OR EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t.thread_id AND c.parent_id IS NOT NULL)) "
             "LIMIT ?", (strategy, minutes, epoch_of(now), strategy, limit)).fetchall()
@@ -654,8 +661,10 @@ class SQLiteStorage(Storage):
 
     # -- runs
 
-    async def create_run(self, row: RunRow) -> None:
-        await self._write(f"INSERT INTO runs VALUES ({','.join('?' * 18)})", run_values(row))
+    async def create_run(self, row: RunRow) -> bool:
+        return bool(await self._write(f"INSERT INTO runs SELECT {','.join('?' * 18)} "
+                                      "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = ?)",
+                                      (*run_values(row), row.thread_id)))
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()

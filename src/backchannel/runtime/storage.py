@@ -110,8 +110,9 @@ class RunStorage(Protocol):
     """
 
     @abc.abstractmethod
-    async def create_run(self, row: RunRow) -> None:
-        """Insert a run."""
+    async def create_run(self, row: RunRow) -> bool:
+        """Insert a run; ``False`` (nothing inserted) if its thread is gone, checked in the statement that inserts,
+        so a run is never stored on a thread deleted meanwhile (and a thread deleted after it takes it along)."""
 
     @abc.abstractmethod
     async def get_run(self, run_id: str) -> RunRow | None:
