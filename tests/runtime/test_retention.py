@@ -106,6 +106,7 @@ async def test_a_thread_whose_ttl_passes_while_its_background_task_runs_is_kept_
     await _swept(rt)
     assert [r["status"] for r in await rt.runs.list(task["task_id"])] == ["running"]  # (the test is not moot)
     assert await _exists(rt, tid)
+    assert await rt.threads.prune([tid], strategy="delete") == {"pruned_count": 0}  # nor pruned on request
     clock.advance(minutes=-2)  # back to now: the report's wake-up run on the thread is what the test reads
 
     async def relayed() -> bool:

@@ -567,6 +567,27 @@ async def test_idle_threads_are_deleted_busy_ones_are_not(storage):
     assert not await storage.delete_idle_thread("idle")
 
 
+
+async def test_a_thread_with_a_background_task_under_way_or_mail_to_take_neither_expires_nor_is_deleted_idle(storage):
+    now = now_iso()
+    for t in ("parent", "other"):
+        await storage.create_thread(ThreadRow(t, now, now))
+        await storage.set_thread_ttl(t, ThreadTTL("delete", 1))
+    await storage.create_thread(ThreadRow("task", now, now, {"parent_thread_id": "parent"}))
+    await storage.set_thread_ttl("task", ThreadTTL("delete", 100))
+    task = _run("task")
+    await storage.create_run(task)
+    later = _at(now, 61)
+    assert await storage.expired_threads(later, None, 10) == [("other", "delete")]
+    assert not await storage.delete_idle_thread("parent")
+    await storage.drop_pending_run(task.run_id, "interrupt", now_iso())  # the task is over, its report stored
+    await storage.put_inbox("parent", "report", HumanMessage("done"), now_iso())
+    assert sorted(await storage.expired_threads(later, None, 10)) == [("other", "delete")]
+    assert not await storage.delete_idle_thread("parent")
+    await storage.ack_inbox("parent", ["report"])  # taken: nothing more to come
+    assert sorted(await storage.expired_threads(later, None, 10)) == [("other", "delete"), ("parent", "delete")]
+    assert await storage.delete_idle_thread("parent")
+
 async def test_threads_expire_by_their_own_ttl_or_the_default(storage):
     now = now_iso()
     for t in ("own", "default", "busy", "kept", "single"):

@@ -126,7 +126,8 @@ class MemoryStorage(Storage):
                 and (parent := self._threads[r.thread_id].metadata.get("parent_thread_id"))}
 
     async def delete_idle_thread(self, thread_id: str) -> bool:
-        if thread_id not in self._threads or self._busy(thread_id):
+        if thread_id not in self._threads or self._busy(thread_id) or thread_id in self._tasking_parents() \
+                or thread_id in self._with_mail():
             return False
         return await self.delete_thread(thread_id)
 

@@ -195,8 +195,10 @@ _RETRY_FIRST, _RETRY_MAX = 0.05, 1.0  # seconds between attempts to reach the da
 _NOTIFY_LIMIT = 7900  # bytes: Postgres refuses a NOTIFY payload of 8000 or more
 # The threads whose background tasks (threads naming them their parent) have a run pending or running: their
 # reports are still to come, so their TTL waits (the report's wake-up run starts it again).
-_TASKING_PARENTS = ("SELECT c.metadata ->> 'parent_thread_id' FROM runs r JOIN threads c ON c.thread_id = r.thread_id "
-                    "WHERE r.status IN ('pending', 'running') AND c.metadata ->> 'parent_thread_id' IS NOT NULL")
+_NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT c.metadata ->> 'parent_thread_id' FROM runs r JOIN threads c "
+                    "ON c.thread_id = r.thread_id WHERE r.status IN ('pending', 'running') "
+                    "AND c.metadata ->> 'parent_thread_id' IS NOT NULL) "
+                    "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
 _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
 _CRONS = CronSQL("%s", metadata_equals=lambda key, value: (_json_equals("metadata"), [key, dump(value)]),
                  any_of=lambda column, values: (f"{column} = ANY(%s)", list(values)), insertion_order="seq")
@@ -329,6 +331,9 @@ class PostgresStorage(Storage):
         async with self.pool.connection() as conn, conn.transaction():
             if not await self._lock_idle_thread(conn, thread_id):
                 return False
+            waiting = f"SELECT 1 FROM threads t WHERE t.thread_id = %(thread)s AND NOT ({_NOTHING_TO_COME})"
+            if await (await conn.execute(waiting, {"thread": thread_id})).fetchone() is not None:
+                return False
             await conn.execute("DELETE FROM threads WHERE thread_id = %s", (thread_id,))
             for table in THREAD_TABLES:
                 await conn.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread_id,))
@@ -360,8 +365,7 @@ class PostgresStorage(Storage):
             "WHERE extract(epoch FROM t.updated_at::timestamptz) + coalesce(x.minutes, %(minutes)s) * 60 <= %(now)s "
             "AND t.status <> 'busy' "
             f"AND NOT EXISTS ({_ACTIVE_RUN.replace('%s', 't.thread_id')}) "
-            f"AND t.thread_id NOT IN ({_TASKING_PARENTS}) "
-            "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered) "
+            f"AND {_NOTHING_TO_COME} "
             "AND (coalesce(x.strategy, %(strategy)s) = 'delete' "
             "     OR EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t.thread_id AND c.parent_id IS NOT NULL)) "
             "LIMIT %(limit)s", {"strategy": strategy, "minutes": minutes, "now": epoch_of(now), "limit": limit}, "all")

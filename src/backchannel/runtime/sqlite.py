@@ -93,9 +93,10 @@ logger = logging.getLogger("backchannel")
 
 # The threads whose background tasks (threads naming them their parent) have a run pending or running: their
 # reports are still to come, so their TTL waits (the report's wake-up run starts it again).
-_TASKING_PARENTS = ("SELECT json_extract(c.metadata, '$.parent_thread_id') FROM runs r JOIN threads c "
-                    "ON c.thread_id = r.thread_id WHERE r.status IN ('pending', 'running') "
-                    "AND json_extract(c.metadata, '$.parent_thread_id') IS NOT NULL")
+_NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT json_extract(c.metadata, '$.parent_thread_id') FROM runs r "
+                    "JOIN threads c ON c.thread_id = r.thread_id WHERE r.status IN ('pending', 'running') "
+                    "AND json_extract(c.metadata, '$.parent_thread_id') IS NOT NULL) "
+                    "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
 _CHAIN_SLICE = 500  # checkpoint rows read per query: a long chain's read yields to other requests between
 _CRONS = CronSQL("?", metadata_equals=lambda key, value: ("json_extract(metadata, ?) IS json_extract(?, '$')",
                                                          [f'$."{key}"', dump(value)]),
@@ -501,8 +502,9 @@ class SQLiteStorage(Storage):
 
     async def delete_idle_thread(self, thread_id: str) -> bool:
         with self._transaction() as db:
-            deleted = db.execute(f"DELETE FROM threads WHERE thread_id = ? AND NOT EXISTS ({_ACTIVE_RUN})",
-                                 (thread_id, thread_id)).rowcount
+            deleted = db.execute(f"DELETE FROM threads AS t WHERE t.thread_id = ? AND NOT EXISTS "
+                                 f"({_ACTIVE_RUN.replace('?', 't.thread_id')}) AND {_NOTHING_TO_COME}",
+                                 (thread_id,)).rowcount
             if deleted:
                 for table in THREAD_TABLES:
                     db.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
@@ -525,8 +527,7 @@ class SQLiteStorage(Storage):
             "WHERE (julianday(t.updated_at) - 2440587.5) * 86400.0 + coalesce(x.minutes, ?) * 60 <= ? "
             "AND t.status <> 'busy' "
             f"AND NOT EXISTS ({_ACTIVE_RUN.replace('?', 't.thread_id')}) "
-            f"AND t.thread_id NOT IN ({_TASKING_PARENTS}) "
-            "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered) "
+            f"AND {_NOTHING_TO_COME} "
             "AND (coalesce(x.strategy, ?) = 'delete' "
             "     OR EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = t.thread_id AND c.parent_id IS NOT NULL)) "
             "LIMIT ?", (strategy, minutes, epoch_of(now), strategy, limit)).fetchall()

@@ -63,8 +63,9 @@ class ThreadStorage(Protocol):
 
     @abc.abstractmethod
     async def delete_idle_thread(self, thread_id: str) -> bool:
-        """Delete a thread as :meth:`delete_thread` does, unless a run of it is pending or running (checked in
-        the statement that deletes); ``False`` when it was busy or missing."""
+        """Delete a thread as :meth:`delete_thread` does, unless a run of it is pending or running, a background
+        task of it (a thread naming it ``parent_thread_id``) has a run pending or running, or mail for it is not yet
+        taken (checked in the statement that deletes); ``False`` when it was busy or missing."""
 
     @abc.abstractmethod
     async def set_thread_ttl(self, thread_id: str, ttl: ThreadTTL) -> None:
