@@ -158,3 +158,30 @@ async def test_sqlite_checkpoints_written_before_version_2_are_kept(tmp_path, mo
             await storage.put_checkpoint(checkpoint("b", 3))
     finally:
         await storage.close()
+
+
+async def test_threads_made_before_counts_were_kept_are_counted_after_the_upgrade(url, monkeypatch):
+    storage = open_storage(url)
+    module = _module(storage)
+    with monkeypatch.context() as before:  # the schema as it was before thread counts were kept
+        before.setattr(module, "_MIGRATIONS", module._MIGRATIONS[:-1])
+        await storage.open()
+        now = now_iso()
+        for i in range(30):
+            status = "busy" if i % 3 == 0 else "idle"
+            await storage.create_thread(ThreadRow(f"t{i}", now, now, {"user": f"u{i % 4}", "n": i % 2}, status))
+        await storage.close()
+
+    upgraded = open_storage(url)
+    await upgraded.open()
+    try:
+        for status in (None, "idle", "busy", "error"):
+            for metadata in ({}, {"user": "u1"}, {"user": "u1", "n": 1}, {"n": 0}):
+                expected = len([i for i in range(30) if (status is None or status == ("busy" if i % 3 == 0 else "idle"))
+                                and all({"user": f"u{i % 4}", "n": i % 2}[k] == v for k, v in metadata.items())])
+                assert await upgraded.count_threads(metadata=metadata, status=status) == expected
+        await upgraded.update_thread("t1", status="busy", metadata={"user": "u9"})  # and kept from then on
+        assert await upgraded.count_threads(status="busy") == 11
+        assert await upgraded.count_threads(metadata={"user": "u9"}) == 1
+    finally:
+        await upgraded.close()

@@ -61,3 +61,30 @@ async def test_heartbeats_go_by_the_database_clock(postgres_url):
         assert abs(datetime.now(UTC) - datetime.fromisoformat(beat)) < timedelta(seconds=5)
     finally:
         await storage.close()
+
+
+async def test_thread_counts_summed_by_concurrent_writers_stay_exact(postgres_url):
+    """Each status change adds a row to the counts; writers now and then sum them into one per status (in their
+    own transactions, one at a time): the counts stay exact, and their rows do not grow with the changes."""
+    import psycopg
+
+    writers = [open_storage(postgres_url) for _ in range(3)]
+    for writer in writers:
+        await writer.open()
+    try:
+        now = now_iso()
+        await asyncio.gather(*(writers[i % 3].create_thread(ThreadRow(f"t{i}", now, now)) for i in range(30)))
+        statuses = ("busy", "idle", "interrupted", "error")
+        for round in range(100):  # 3,000 changes: six sums
+            await asyncio.gather(*(writers[(i + round) % 3].update_thread(f"t{i}", status=statuses[(i + round) % 4])
+                                   for i in range(30)))
+        for status in statuses:
+            expected = len([i for i in range(30) if statuses[(i + 99) % 4] == status])
+            assert await writers[0].count_threads(status=status) == expected
+        assert await writers[1].count_threads() == 30
+        async with await psycopg.AsyncConnection.connect(writers[0].url) as conn:
+            rows = (await (await conn.execute("SELECT count(*) FROM thread_counts")).fetchone())[0]
+        assert rows < 1_000
+    finally:
+        for writer in writers:
+            await writer.close()

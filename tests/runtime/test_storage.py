@@ -71,6 +71,57 @@ async def test_thread_metadata_filters_match_values_exactly(storage):
     assert await found({"user": "u7", "tags": ["a", "b"]}) == ["plain"]
 
 
+_COUNTED_FILTERS = ({}, {"user": "u1"}, {"n": 1}, {"flag": True}, {"user": "u2", "n": 0}, {"tags": ["a"]},
+                    {"user": None}, {"user": "x" * 300})
+
+
+async def _counts_match_the_threads(storage):
+    """Every count (by status, by metadata, both) equals the threads a search finds."""
+    for status in (None, "idle", "busy", "interrupted", "error"):
+        for metadata in _COUNTED_FILTERS:
+            found = await storage.search_threads(metadata=metadata, status=status, limit=10_000)
+            assert await storage.count_threads(metadata=metadata, status=status) == len(found), (metadata, status)
+
+
+async def test_thread_counts_stay_exact_under_concurrent_writes_deletes_and_sweeps(storage, store_url):
+    other = open_storage(store_url) if store_url != "memory" else storage  # a second process on the database
+    await other.open()
+    try:
+        now = now_iso()
+
+        def thread(i):
+            metadata = {"user": f"u{i % 3}", "n": i % 2, "flag": i % 5 == 0, "tags": ["a"] if i % 4 else []}
+            if i % 7 == 0:
+                metadata["user"] = "x" * 300  # longer than a value kept by key
+            return ThreadRow(f"t{i}", now, now, metadata)
+
+        await asyncio.gather(*((storage if i % 2 else other).create_thread(thread(i)) for i in range(80)))
+        await _counts_match_the_threads(storage)
+        queued = [_run(f"t{i}") for i in range(0, 80, 9)]
+        for row in queued:
+            await storage.create_run(row)
+        assert not await storage.create_thread(thread(3))  # a thread that exists is not counted twice
+        await asyncio.gather(
+            *(storage.update_thread(f"t{i}", status="busy") for i in range(0, 80, 3)),
+            *(other.update_thread(f"t{i}", status="interrupted") for i in range(1, 80, 5)),
+            *(other.update_thread(f"t{i}", metadata={"user": "u1", "n": 2}) for i in range(2, 80, 4)),
+            *(storage.update_thread(f"t{i}", metadata=thread(i).metadata) for i in range(5, 80, 10)),  # unchanged
+            *(other.delete_thread(f"t{i}") for i in range(4, 80, 6)),
+            *(storage.delete_idle_thread(f"t{i}") for i in range(0, 80, 9)),  # a queued run keeps most of them
+            *(storage.create_thread(thread(i)) for i in range(80, 100)),
+            *(other.drop_pending_run(row.run_id, "interrupt", now_iso()) for row in queued[::2]),
+        )
+        await _counts_match_the_threads(storage)
+        await _counts_match_the_threads(other)
+        for thread_id, _ in await storage.expired_threads(_at(now, 10**6), ThreadTTL("delete", 1), 1_000):
+            await storage.delete_idle_thread(thread_id)  # the retention sweep
+        await _counts_match_the_threads(storage)
+        assert await storage.count_threads() == len(await storage.search_threads(limit=10_000)) > 0
+    finally:
+        if other is not storage:
+            await other.close()
+
+
 async def test_claim_runs_one_per_thread_oldest_first_and_not_before_time(storage):
     now = now_iso()
     for t in ("t1", "t2"):

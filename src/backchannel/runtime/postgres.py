@@ -88,6 +88,9 @@ _ASSISTANT_TABLE = ("assistant_id TEXT NOT NULL, graph_id TEXT NOT NULL, version
                     "created_at TEXT NOT NULL, updated_at TEXT NOT NULL, config TEXT NOT NULL, context TEXT NOT NULL, "
                     "metadata JSONB NOT NULL, name TEXT NOT NULL, description TEXT")
 
+_COUNTS_LOCK = 0x6263_0004  # who sums the thread counts' rows (an advisory lock's first key; see the others below)
+_CHANGES_SUMMED = 500  # thread status changes between two sums of the counts' rows
+
 # Forward migrations, one tuple of statements per schema version (see _migrations.py).
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -168,6 +171,34 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # assistants made or changed through the API, and every version each had (its times: the version's)
         f"CREATE TABLE assistants ({_ASSISTANT_TABLE}, PRIMARY KEY (assistant_id))",
         f"CREATE TABLE assistant_versions ({_ASSISTANT_TABLE}, PRIMARY KEY (assistant_id, version))",
+    ),
+    (  # thread counts without visiting the threads, per status: kept by triggers in the transaction of every write
+        # that changes one (whichever code or process writes), each change a row of its own so concurrent writers
+        # never wait for one counter's lock, summed into one row per status now and then. A metadata search or
+        # count reads the GIN index: new threads go into it at once, not into a list of pending entries that
+        # every search scans until a vacuum merges it (8 ms a search after 100,000 new threads, 2 ms merged).
+        "CREATE TABLE thread_counts (status TEXT NOT NULL, n BIGINT NOT NULL)",
+        "CREATE SEQUENCE thread_count_changes",
+        f"""CREATE FUNCTION threads_counted() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'INSERT' THEN INSERT INTO thread_counts VALUES (NEW.status, 1);
+            ELSIF TG_OP = 'DELETE' THEN INSERT INTO thread_counts VALUES (OLD.status, -1);
+            ELSE INSERT INTO thread_counts VALUES (OLD.status, -1), (NEW.status, 1);
+            END IF;
+            IF nextval('thread_count_changes') % {_CHANGES_SUMMED} = 0
+               AND pg_try_advisory_xact_lock({_COUNTS_LOCK}, 0) THEN
+                WITH gone AS (DELETE FROM thread_counts RETURNING status, n)
+                INSERT INTO thread_counts SELECT status, sum(n) FROM gone GROUP BY status;
+            END IF;
+            RETURN NULL;
+        END $$""",
+        "CREATE TRIGGER threads_counted AFTER INSERT OR DELETE ON threads "
+        "FOR EACH ROW EXECUTE FUNCTION threads_counted()",
+        "CREATE TRIGGER threads_recounted AFTER UPDATE OF status ON threads "
+        "FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION threads_counted()",
+        "INSERT INTO thread_counts SELECT status, count(*) FROM threads GROUP BY status",
+        "ALTER INDEX threads_by_metadata SET (fastupdate = off)",
+        "SELECT gin_clean_pending_list('threads_by_metadata'::regclass)",
     ),
 )
 _ASSISTANT_SELECT = ASSISTANT_COLUMNS.replace("metadata", "metadata::text")
@@ -401,10 +432,14 @@ class PostgresStorage(Storage):
 
     async def count_threads(self, *, metadata: dict[str, Any] | None = None,
                             status: ThreadStatus | None = None) -> int:
-        where, params = self._thread_filter(metadata, status)
-        found = await self._one(f"SELECT count(*) FROM threads WHERE {where}", params)
+        if metadata:
+            where, params = self._thread_filter(metadata, status)
+            found = await self._one(f"SELECT count(*) FROM threads WHERE {where}", params)
+        else:  # the counts kept per status
+            where, params = ("status = %s", [status]) if status is not None else ("TRUE", [])
+            found = await self._one(f"SELECT coalesce(sum(n), 0) FROM thread_counts WHERE {where}", params)
         assert found is not None
-        return found[0]
+        return int(found[0])
 
     # -- assistants
 

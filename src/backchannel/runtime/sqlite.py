@@ -54,6 +54,7 @@ from backchannel.runtime._rows import (
     dump,
     inbox_message,
     item_row,
+    looked_up_by_key,
     matching_namespaces,
     run_row,
     run_values,
@@ -108,6 +109,13 @@ _ASSISTANT_TABLE = ("assistant_id TEXT NOT NULL, graph_id TEXT NOT NULL, version
                     "metadata TEXT NOT NULL, name TEXT NOT NULL, description TEXT")
 _SET_ASSISTANT = ("UPDATE assistants SET graph_id = ?, version = ?, created_at = ?, updated_at = ?, config = ?, "
                   "context = ?, metadata = ?, name = ?, description = ? WHERE assistant_id = ?")
+
+_COUNT_NEW = "INSERT INTO thread_counts VALUES (NEW.status, 1) ON CONFLICT (status) DO UPDATE SET n = n + 1"
+# A thread's metadata values that an equality filter can look up by key (a null, a list or an object cannot).
+_SCALARS = "json_each({0}.metadata) AS m WHERE m.type IN ('text', 'integer', 'real', 'true', 'false')"
+_ADD_METADATA = f"INSERT INTO thread_metadata SELECT m.key, m.value, {{0}}.thread_id FROM {_SCALARS}"
+_REMOVE_METADATA = (f"DELETE FROM thread_metadata WHERE (key, value, thread_id) IN "
+                    f"(SELECT m.key, m.value, {{0}}.thread_id FROM {_SCALARS})")
 
 # Forward migrations, one tuple of statements per schema version (see _migrations.py). Version 1
 # creates the tables with IF NOT EXISTS, so files made before versions were recorded take it as is.
@@ -204,6 +212,27 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # version each had: the same columns, a version's times being when it was made.
         f"CREATE TABLE assistants ({_ASSISTANT_TABLE}, PRIMARY KEY (assistant_id))",
         f"CREATE TABLE assistant_versions ({_ASSISTANT_TABLE}, PRIMARY KEY (assistant_id, version))",
+    ),
+    (
+        # Thread counts without visiting the threads: the number of threads in each status, kept by triggers in
+        # the transaction of every write that changes it (whichever code or process writes), and each thread's
+        # scalar metadata values by key (what a metadata equality filter matches), read through their key.
+        "CREATE TABLE thread_counts (status TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID",
+        "INSERT INTO thread_counts SELECT status, count(*) FROM threads GROUP BY status",
+        f"""CREATE TRIGGER thread_counted AFTER INSERT ON threads BEGIN {_COUNT_NEW}; END""",
+        "CREATE TRIGGER thread_uncounted AFTER DELETE ON threads BEGIN "
+        "UPDATE thread_counts SET n = n - 1 WHERE status = OLD.status; END",
+        "CREATE TRIGGER thread_recounted AFTER UPDATE OF status ON threads WHEN OLD.status IS NOT NEW.status BEGIN "
+        f"UPDATE thread_counts SET n = n - 1 WHERE status = OLD.status; {_COUNT_NEW}; END",
+        "CREATE TABLE thread_metadata (key TEXT NOT NULL, value NOT NULL, thread_id TEXT NOT NULL, "
+        "PRIMARY KEY (key, value, thread_id)) WITHOUT ROWID",
+        f"INSERT INTO thread_metadata SELECT m.key, m.value, t.thread_id FROM threads t, {_SCALARS.format('t')}",
+        f"CREATE TRIGGER thread_metadata_added AFTER INSERT ON threads BEGIN {_ADD_METADATA.format('NEW')}; END",
+        "CREATE TRIGGER thread_metadata_removed AFTER DELETE ON threads BEGIN "
+        f"{_REMOVE_METADATA.format('OLD')}; END",
+        "CREATE TRIGGER thread_metadata_changed AFTER UPDATE OF metadata ON threads "
+        "WHEN OLD.metadata IS NOT NEW.metadata BEGIN "
+        f"{_REMOVE_METADATA.format('OLD')}; {_ADD_METADATA.format('NEW')}; END",
     ),
 )
 
@@ -564,8 +593,21 @@ class SQLiteStorage(Storage):
 
     async def count_threads(self, *, metadata: dict[str, Any] | None = None,
                             status: ThreadStatus | None = None) -> int:
+        if not metadata:  # the counts kept per status
+            where, params = ("status = ?", [status]) if status is not None else ("1", [])
+            return int(self.db.execute(f"SELECT coalesce(sum(n), 0) FROM thread_counts WHERE {where}",
+                                       params).fetchone()[0])
+        looked_up = next(((k, v) for k, v in metadata.items() if looked_up_by_key(v)), None)
+        if looked_up is None:
+            where, params = self._thread_filter(metadata, status)
+            return int(self.db.execute(f"SELECT count(*) FROM threads WHERE {where}", params).fetchone()[0])
+        if len(metadata) == 1 and status is None:  # the look-up is the filter (the same SQL values compared)
+            return int(self.db.execute("SELECT count(*) FROM thread_metadata WHERE key = ? AND value = ?",
+                                       looked_up).fetchone()[0])
         where, params = self._thread_filter(metadata, status)
-        return int(self.db.execute(f"SELECT count(*) FROM threads WHERE {where}", params).fetchone()[0])
+        return int(self.db.execute(
+            "SELECT count(*) FROM threads WHERE thread_id IN (SELECT thread_id FROM thread_metadata "
+            f"WHERE key = ? AND value = ?) AND {where}", (*looked_up, *params)).fetchone()[0])
 
     # -- assistants
 
