@@ -69,14 +69,6 @@ def dump(value: Any) -> str:
     return json_text(value, str, _FALLBACK)
 
 
-LOOKED_UP_CHARS = 256  # the longest string metadata value kept by key (a Postgres index entry has a size limit)
-
-
-def looked_up_by_key(value: Any) -> bool:
-    """Whether a thread metadata value is kept by key (a scalar), so an equality filter on it reads no thread."""
-    return isinstance(value, int | float) or (isinstance(value, str) and len(value) <= LOOKED_UP_CHARS)
-
-
 def thread_values(row: ThreadRow) -> tuple[Any, ...]:
     return (row.thread_id, row.created_at, row.updated_at, dump(row.metadata), row.status, dump(row.interrupts),
             dump(row.error) if row.error else None)

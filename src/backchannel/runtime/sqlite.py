@@ -54,7 +54,6 @@ from backchannel.runtime._rows import (
     dump,
     inbox_message,
     item_row,
-    looked_up_by_key,
     matching_namespaces,
     run_row,
     run_values,
@@ -111,8 +110,10 @@ _SET_ASSISTANT = ("UPDATE assistants SET graph_id = ?, version = ?, created_at =
                   "context = ?, metadata = ?, name = ?, description = ? WHERE assistant_id = ?")
 
 _COUNT_NEW = "INSERT INTO thread_counts VALUES (NEW.status, 1) ON CONFLICT (status) DO UPDATE SET n = n + 1"
+_LOOKED_UP_CHARS = 256  # the longest string metadata value kept by key (longer ones are filtered by reading)
 # A thread's metadata values that an equality filter can look up by key (a null, a list or an object cannot).
-_SCALARS = "json_each({0}.metadata) AS m WHERE m.type IN ('text', 'integer', 'real', 'true', 'false')"
+_SCALARS = ("json_each({0}.metadata) AS m WHERE m.type IN ('integer', 'real', 'true', 'false') "
+            f"OR (m.type = 'text' AND length(m.value) <= {_LOOKED_UP_CHARS})")
 _ADD_METADATA = f"INSERT INTO thread_metadata SELECT m.key, m.value, {{0}}.thread_id FROM {_SCALARS}"
 _REMOVE_METADATA = (f"DELETE FROM thread_metadata WHERE (key, value, thread_id) IN "
                     f"(SELECT m.key, m.value, {{0}}.thread_id FROM {_SCALARS})")
@@ -597,7 +598,7 @@ class SQLiteStorage(Storage):
             where, params = ("status = ?", [status]) if status is not None else ("1", [])
             return int(self.db.execute(f"SELECT coalesce(sum(n), 0) FROM thread_counts WHERE {where}",
                                        params).fetchone()[0])
-        looked_up = next(((k, v) for k, v in metadata.items() if looked_up_by_key(v)), None)
+        looked_up = next(((k, v) for k, v in metadata.items() if _looked_up_by_key(v)), None)
         if looked_up is None:
             where, params = self._thread_filter(metadata, status)
             return int(self.db.execute(f"SELECT count(*) FROM threads WHERE {where}", params).fetchone()[0])
@@ -1099,6 +1100,11 @@ class SQLiteStorage(Storage):
 
     async def claim_cron_tick(self, cron_id: str, tick: str, next_tick: str) -> bool:
         return bool(await self._write(*_CRONS.claim_tick(cron_id, tick, next_tick)))
+
+
+def _looked_up_by_key(value: Any) -> bool:
+    """Whether a thread metadata value is kept by key (see ``_SCALARS``): an equality filter on it reads no thread."""
+    return isinstance(value, int | float) or (isinstance(value, str) and len(value) <= _LOOKED_UP_CHARS)
 
 
 def _migrate(db: sqlite3.Connection, path: str, migrations: Sequence[Sequence[str]]) -> None:
