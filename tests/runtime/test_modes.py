@@ -379,3 +379,36 @@ async def test_a_live_stream_holds_no_more_memory_the_longer_it_runs(make_runtim
     assert tokens == 12_000
     grown = held[11_000] - held[2_000]
     assert grown < 200_000, f"the stream held {grown:,} bytes more after 9,000 more tokens"
+
+
+class _Bursts(ChatModel):
+    """Streams ``bursts`` of ``size`` tokens each, the tokens of a burst at once (one network read's worth)."""
+
+    def __init__(self, bursts: int, size: int) -> None:
+        self.bursts, self.size = bursts, size
+
+    async def stream(self, request):
+        for burst in range(self.bursts):
+            await asyncio.sleep(0.01)
+            for token in range(self.size):
+                yield TextDelta(f"{burst}.{token} ")
+        yield FinishDelta(None, "stop", {}, None)
+
+
+async def test_a_reader_gets_everything_that_came_since_its_last_read_at_once_each_part_in_order(make_runtime):
+    """A stream's batches are what came while the reader was away: a server writes each in one go, so a reader
+    that fell behind catches up in one write rather than one per token; iterated, the parts are the same."""
+    rt = await make_runtime({"agent": create_agent(_Bursts(4, 5))}, store="memory")
+    options = {"input": user("go"), "stream_mode": "messages-tuple"}
+    thread = await rt.threads.create()
+    batches = [batch async for batch in rt.runs.stream(thread["thread_id"], "agent", **options).batches()]
+    assert [p.event for p in batches[0]] == ["metadata"]  # alone: it is what creates the run
+    tokens = [[p.data[0]["content"] for p in batch if p.data[0]["content"]] for batch in batches[1:]]
+    assert [b for b in tokens if b] == [[f"{burst}.{token} " for token in range(5)] for burst in range(4)]
+
+    thread = await rt.threads.create()
+    parts = [p async for p in rt.runs.stream(thread["thread_id"], "agent", **options)]
+    assert [p.event for p in parts] == ["metadata"] + ["messages"] * (len(parts) - 1)
+    assert [p.data[0]["content"] for p in parts[1:] if p.data[0]["content"]] == [
+        f"{burst}.{token} " for burst in range(4) for token in range(5)]
+    assert len({id(p.data[1]) for p in parts[1:]}) == 1  # one metadata dict for a message's chunks, as LangGraph

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, Unpack, get_args
 
@@ -71,7 +71,7 @@ from backchannel.runtime.run_options import (
     normalize_command,
 )
 from backchannel.runtime.storage import Storage
-from backchannel.runtime.streams import Streams
+from backchannel.runtime.streams import Batches, Streams
 from backchannel.runtime.webhooks import check_webhook_url
 from backchannel.runtime.wire import (
     check_namespace,
@@ -95,6 +95,7 @@ Opener = Callable[[], Awaitable[None]]  # opens the runtime on first use
 _THREAD_STATUSES: tuple[ThreadStatus, ...] = get_args(ThreadStatus)
 _RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 S = TypeVar("S", bound=str)
+PartBatch = list[StreamPart]  # (RunsClient.list hides the builtin in its body)
 _DURABILITY = (None, "sync", "async", "exit")  # when checkpoints are written; every step is, here
 _CANCEL_ACTIONS: tuple[CancelAction, ...] = get_args(CancelAction)
 _BULK_CANCEL: dict[str, tuple[RunStatus, ...]] = {"pending": ("pending",), "running": ("running",), "all": ACTIVE}
@@ -649,22 +650,25 @@ class RunsClient:
         return render_run(taker)
 
     def stream(self, thread_id: str | None, assistant_id: str,
-               **options: Unpack[StreamOptions]) -> AsyncIterator[StreamPart]:
-        """Create a run and yield its stream parts: ``metadata`` first, then each mode's parts, ``error`` on failure."""
+               **options: Unpack[StreamOptions]) -> Batches[StreamPart]:
+        """Create a run and yield its stream parts: ``metadata`` first, then each mode's parts, ``error`` on failure.
+
+        Its :meth:`~backchannel.runtime.streams.Batches.batches` give them a list per wake, ``metadata`` alone first.
+        """
         unexpected_keywords("stream", options, StreamOptions)
         _refuse(feedback_keys=options.pop("feedback_keys", None))
         if options.pop("version", "v1") != "v1":
             raise InvalidRequestError("only version 'v1' of the run stream is supported")
         on_disconnect = options.pop("on_disconnect", None)
         _check_on_disconnect(on_disconnect)
-        return self._stream(thread_id, assistant_id, options, cancel_on_disconnect=on_disconnect == "cancel")
+        return Batches(self._stream(thread_id, assistant_id, options, cancel_on_disconnect=on_disconnect == "cancel"))
 
     async def _stream(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any], *,
-                      cancel_on_disconnect: bool) -> AsyncIterator[StreamPart]:
+                      cancel_on_disconnect: bool) -> AsyncGenerator[PartBatch, None]:
         run = await self._create(thread_id, assistant_id, options, watched=True)
         try:
-            async for part in self._follower.run(run, None, 0):
-                yield part
+            async for batch in self._follower.run(run, None, 0).batches():
+                yield batch
         except (GeneratorExit, asyncio.CancelledError):
             if cancel_on_disconnect:  # the reader went away: so does the run
                 await self._cancel_quietly(run)
@@ -675,12 +679,13 @@ class RunsClient:
 
     def join_stream(self, thread_id: str, run_id: str, *, cancel_on_disconnect: bool = False,
                     stream_mode: StreamModes | None = None, headers: Headers = None, params: Params = None,
-                    last_event_id: str | None = None) -> AsyncIterator[StreamPart]:
+                    last_event_id: str | None = None) -> Batches[StreamPart]:
         """Follow a run's stream: from the start (or after ``last_event_id``) if still kept, else from now on."""
-        return self._join_stream(thread_id, run_id, stream_mode, last_event_id, cancel_on_disconnect)
+        return Batches(self._join_stream(thread_id, run_id, stream_mode, last_event_id, cancel_on_disconnect))
 
     async def _join_stream(self, thread_id: str, run_id: str, stream_mode: StreamModes | None,
-                           last_event_id: str | None, cancel_on_disconnect: bool) -> AsyncIterator[StreamPart]:
+                           last_event_id: str | None,
+                           cancel_on_disconnect: bool) -> AsyncGenerator[PartBatch, None]:
         row = await self._row(thread_id, run_id)
         modes = None if stream_mode is None else check_stream_modes(
             [stream_mode] if isinstance(stream_mode, str) else stream_mode)
@@ -694,8 +699,8 @@ class RunsClient:
                               and stream.finished):
             return
         try:
-            async for part in self._follower.run(render_run(row), modes, after, with_metadata=False):
-                yield part
+            async for batch in self._follower.run(render_run(row), modes, after, with_metadata=False).batches():
+                yield batch
         except (GeneratorExit, asyncio.CancelledError):
             if cancel_on_disconnect:  # the reader went away: so does the run
                 await self._cancel_quietly(render_run(row))

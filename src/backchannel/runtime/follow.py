@@ -12,14 +12,14 @@ own stream modes, opened by ``metadata`` ``{run_id, attempt}`` and closed by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from backchannel.protocols import StreamPart
 from backchannel.runtime.modes import StreamMapper, wants_values
 from backchannel.runtime.rows import RunRow
 from backchannel.runtime.storage import RunStorage
-from backchannel.runtime.streams import RunStream, Streams
+from backchannel.runtime.streams import Batches, RunStream, Streams
 from backchannel.runtime.wire import render_error, render_run
 
 __all__ = ["THREAD_STREAM_MODES", "Follower", "ThreadRuns", "ThreadStreamMode"]
@@ -43,9 +43,14 @@ class Follower:
         self.streams = streams
         self.remote = remote
 
-    async def run(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, *,
-                  with_metadata: bool = True) -> AsyncIterator[StreamPart]:
-        """The parts of a run's stream (``run`` as :func:`render_run` gives it), after event ``after``."""
+    def run(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, *,
+            with_metadata: bool = True) -> Batches[StreamPart]:
+        """The parts of a run's stream (``run`` as :func:`render_run` gives it), after event ``after``;
+        in :meth:`~Batches.batches`, ``metadata`` alone first, then the parts of each batch of events."""
+        return Batches(self._parts(run, modes, after, with_metadata))
+
+    async def _parts(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int,
+                     with_metadata: bool) -> AsyncGenerator[list[StreamPart], None]:
         stream = self.streams.get(run["run_id"])
         if stream is None:
             return
@@ -53,14 +58,16 @@ class Follower:
         modes = modes or kwargs.get("stream_mode") or ["values"]
         events = stream.follow(after, values=wants_values(modes))
         if with_metadata:
-            yield StreamPart("metadata", {"run_id": run["run_id"], "attempt": 1})
+            yield [StreamPart("metadata", {"run_id": run["run_id"], "attempt": 1})]
         mapper = StreamMapper(modes, subgraphs=bool(kwargs.get("stream_subgraphs")),
                               metadata={k: v for k, v in run["metadata"].items() if k != "assistant_id"})
-        async for event in events:
-            for part in mapper.parts(event):
-                yield part
+        parts = mapper.parts
+        async for batch in events.batches():
+            found = [part for event in batch for part in parts(event)]
+            if found:
+                yield found
         if stream.status == "error" and stream.error:  # LangGraph sends no error event for a timeout
-            yield StreamPart("error", render_error(stream.error))
+            yield [StreamPart("error", render_error(stream.error))]
 
     async def thread(self, thread_id: str, modes: Sequence[ThreadStreamMode]) -> AsyncIterator[StreamPart]:
         """Every run of the thread from now on, one after the other, until the caller stops."""

@@ -56,12 +56,18 @@ class StreamMapper:
         self.metadata = metadata or {}
         self._seen: set[str] = set()
         self._partial: dict[str, dict[str, Any]] = {}
+        self._message_meta: dict[str, dict[str, Any]] = {}  # of each message being streamed, for its chunks
         self._step = 0
+        self._only_tuples = self.modes == {"messages-tuple"}
 
     def parts(self, event: Event) -> Iterator[StreamPart]:
         """The parts ``event`` becomes (none, one, or a few)."""
         nested = bool(event.namespace)
         if nested and not self.subgraphs and event.type != "lifecycle":
+            return
+        if self._only_tuples and not nested and event.type == "message" and event.data["event"] == "delta":
+            # A model's token, the most frequent event by far: as a messages-tuple part, straight.
+            yield StreamPart("messages", [_chunk(event.data, event.agent), self._chunk_meta(event)], str(event.seq))
             return
         suffix = "".join(f"|{segment}" for segment in wire_namespace(event.namespace)) if nested else ""
         event_id = str(event.seq)
@@ -155,9 +161,9 @@ class StreamMapper:
                 yield "messages/metadata", {message_id: {"metadata": self._meta(event, node="model")}}
             return
         if data["event"] == "delta":
-            chunk = _chunk(message_id, data, event.agent)
+            chunk = _chunk(data, event.agent)
             if "messages-tuple" in modes:
-                yield "messages-tuple", [chunk, self._meta(event, node="model")]
+                yield "messages-tuple", [chunk, self._chunk_meta(event)]
             if "events" in modes:
                 yield "events", self._langchain_event("on_chat_model_stream", "model", event, {"chunk": chunk})
             partial = self._partial.get(message_id)
@@ -166,7 +172,7 @@ class StreamMapper:
                     partial["content"] += data["text"]
                 yield "messages/partial", [dict(partial)]
             return
-        meta = self._meta(event, node="model")
+        meta = self._message_meta.pop(message_id, None) or self._meta(event, node="model")
         final = message_to_dict(data["message"])
         self._partial.pop(message_id, None)
         last = {**final, "type": "AIMessageChunk", "content": "", "tool_call_chunks": [], "tool_calls": [],
@@ -180,6 +186,13 @@ class StreamMapper:
             self._seen.add(message["id"])
             yield "messages/metadata", {message["id"]: {"metadata": self._meta(event, node="tools")}}
         yield "messages/complete", [message]
+
+    def _chunk_meta(self, event: Event) -> dict[str, Any]:
+        # One dict for every chunk of a message, as LangGraph's messages mode gives its chunks.
+        meta = self._message_meta.get(event.data["message_id"])
+        if meta is None:
+            meta = self._message_meta[event.data["message_id"]] = self._meta(event, node="model")
+        return meta
 
     def _meta(self, event: Event, node: str | None = None) -> dict[str, Any]:
         meta = {**self.metadata, "run_id": event.run_id, "thread_id": event.thread_id, "lc_agent_name": event.agent}
@@ -198,11 +211,11 @@ def wire_namespace(namespace: Sequence[str]) -> tuple[str, ...]:
     return tuple(f"tools:{segment.partition(':')[2] or segment}" for segment in namespace)
 
 
-def _chunk(message_id: str, data: dict[str, Any], agent: str) -> dict[str, Any]:
-    """A streamed piece of an AI message, as LangChain's ``AIMessageChunk`` dict."""
+def _chunk(data: dict[str, Any], agent: str) -> dict[str, Any]:
+    """A streamed piece of an AI message (a ``delta`` event's data), as LangChain's ``AIMessageChunk`` dict."""
     chunk: dict[str, Any] = {
         "content": data.get("text", ""), "additional_kwargs": {}, "response_metadata": {},
-        "type": "AIMessageChunk", "name": agent or None, "id": message_id, "tool_calls": [],
+        "type": "AIMessageChunk", "name": agent or None, "id": data["message_id"], "tool_calls": [],
         "invalid_tool_calls": [], "usage_metadata": None, "tool_call_chunks": [], "chunk_position": None}
     if "tool_call" in data:
         call = data["tool_call"]

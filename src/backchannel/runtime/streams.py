@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, Generic, TypeVar
 
 from backchannel.events import Event, EventBus
 from backchannel.runtime.modes import wants_values
 from backchannel.runtime.rows import RunRow, RunStatus
 
-__all__ = ["RunStream", "Streams"]
+__all__ = ["Batches", "RunStream", "Streams"]
+
+T = TypeVar("T")
 
 
 class RunStream:
@@ -103,11 +105,12 @@ class RunStream:
         self._waiters.append(waiter)
         await waiter
 
-    def follow(self, after_seq: int = 0, *, values: bool = False) -> AsyncIterator[Event]:
+    def follow(self, after_seq: int = 0, *, values: bool = False) -> Batches[Event]:
         """Every kept event with ``seq > after_seq``, then the ones still to come, until the run ends.
 
         ``values=True`` asks the run for full-state snapshots from now on. The reader holds on
         to the events from this call on, even if it starts iterating after the run has ended.
+        Its :meth:`~Batches.batches` are the events as they come: all that came since the last.
         """
         self.bus.wants_values = self.bus.wants_values or values
         self.keep_events()
@@ -115,16 +118,19 @@ class RunStream:
         self._awaited = False
         if self.status is not None and not self.resumable:
             self.events = []  # as finish() does: this reader drains its own list
-        return self._drain(events, after_seq)
+        return Batches(self._drain(events, after_seq))
 
-    async def _drain(self, events: list[Event], after_seq: int) -> AsyncIterator[Event]:
+    async def _drain(self, events: list[Event], after_seq: int) -> AsyncGenerator[list[Event], None]:
         index = _first_after(events, after_seq)
         self._readers += 1
         try:
             while True:
-                while index < len(events):
-                    yield events[index]
-                    index += 1
+                if index < len(events):
+                    # All that came meanwhile at once: a reader that fell behind catches up in one go.
+                    batch = events[index:]
+                    index = len(events)
+                    yield batch
+                    continue
                 if self.status is not None:
                     return
                 if not self.resumable and self._readers == 1 and events is self.events:
@@ -134,6 +140,42 @@ class RunStream:
                 await self._next_change()
         finally:
             self._readers -= 1
+
+
+class Batches(Generic[T]):
+    """Items as they come, one by one, or in :meth:`batches`: a list of all that came since the last.
+
+    Readers that pay per delivery (a write per SSE chunk) take the batches; the rest iterate as usual.
+    """
+
+    __slots__ = ("_batches", "_items")
+
+    def __init__(self, batches: AsyncGenerator[list[T], None]) -> None:
+        self._batches = batches
+        self._items: AsyncGenerator[T, None] | None = None
+
+    def batches(self) -> AsyncGenerator[list[T], None]:
+        """The items as lists, each of all that came since the previous (taken instead of iterating)."""
+        return self._batches
+
+    def __aiter__(self) -> Batches[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._items is None:
+            self._items = _each(self._batches)
+        return await anext(self._items)
+
+    async def aclose(self) -> None:
+        if self._items is not None:
+            await self._items.aclose()
+        await self._batches.aclose()
+
+
+async def _each(batches: AsyncIterator[list[T]]) -> AsyncGenerator[T, None]:
+    async for batch in batches:
+        for item in batch:
+            yield item
 
 
 def _first_after(events: list[Event], seq: int) -> int:

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from backchannel.server import assistants, crons, runs, store, thread_events, threads, timeline
 from backchannel.server.auth import APIKeyMiddleware
@@ -30,7 +31,7 @@ from backchannel.server.errors import EXCEPTION_HANDLERS
 from backchannel.server.metrics import CONTENT_TYPE, metrics
 from backchannel.server.openapi import openapi_document
 from backchannel.server.routing import Endpoint, JSONResponse, routes
-from backchannel.server.sse import OpenStreams
+from backchannel.server.sse import BODY_SEND, OpenStreams
 
 if TYPE_CHECKING:
     from backchannel.server.demo_page import DemoPage
@@ -67,6 +68,15 @@ ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINT
                                  *runs.ENDPOINTS, *crons.ENDPOINTS, *store.ENDPOINTS, *timeline.ENDPOINTS]
 
 
+class _App(Starlette):
+    """Starlette, leaving the send it is called with in the scope for the long responses' bodies
+    (:data:`~backchannel.server.sse.BODY_SEND`): the middleware in between passes them on unchanged."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[BODY_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
 def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                heartbeat: float = 5.0, grace: float = 10.0, demo_page: DemoPage | None = None,
                browsers: BrowserPolicy | None = None, client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> Starlette:
@@ -95,7 +105,7 @@ def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int 
     middleware = [Middleware(BrowserGuard, policy=browsers or default_policy(api_key=api_key))]
     if api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=api_key, open_paths=open_paths))
-    app = Starlette(routes=[*routes(ENDPOINTS), *thread_events.websocket_routes(), *page_routes],
+    app = _App(routes=[*routes(ENDPOINTS), *thread_events.websocket_routes(), *page_routes],
                     middleware=middleware,
                     exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.runtime = runtime

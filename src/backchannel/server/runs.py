@@ -69,11 +69,11 @@ async def stream_run(request: Request) -> Response | StreamingBody:
     body = await read_body(request, RunCreate)
     rt = runtime_of(request)
     thread_id = request.path_params.get("thread_id")
-    parts = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body, request))
-    metadata = await anext(parts)  # creates the run: a bad request fails here, before the response starts
-    run_id = metadata.data["run_id"]
+    batches = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body, request)).batches()
+    first = await anext(batches)  # [metadata]: creates the run, so a bad request fails here, before the response
+    run_id = first[0].data["run_id"]
     return event_stream(
-        request, _events(parts, first=metadata, with_id=body.stream_resumable),
+        request, _events(batches, first=first, with_id=body.stream_resumable),
         headers=_run_headers(thread_id, run_id, "stream"),
         on_disconnect=_canceller(rt, thread_id, run_id) if body.on_disconnect == "cancel" else None)
 
@@ -122,9 +122,9 @@ async def join_run_stream(request: Request) -> Response | StreamingBody:
     modes = _stream_modes([m for m in request.query_params.getlist("stream_mode") if m])  # "": the run's own
     last_event_id = request.headers.get("last-event-id") or None
     event_position(last_event_id)  # a bad one is a 422 before the response starts
-    parts = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id)
+    batches = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id).batches()
     return event_stream(
-        request, _events(parts, with_id=bool(run["kwargs"].get("stream_resumable"))),
+        request, _events(batches, with_id=bool(run["kwargs"].get("stream_resumable"))),
         headers=_run_headers(thread_id, run_id, "stream"),
         on_disconnect=_canceller(rt, thread_id, run_id) if query_bool(request, "cancel_on_disconnect") else None)
 
@@ -149,14 +149,15 @@ def _run_headers(thread_id: str | None, run_id: str, then: str | None = None) ->
 # -- bodies ------------------------------------------------------------------------
 
 
-async def _events(parts: AsyncIterator[StreamPart], *, with_id: bool,
-                  first: StreamPart | None = None) -> AsyncIterator[bytes]:
-    """A run's stream parts as SSE; a failure of the stream itself ends it with an ``error`` event."""
+async def _events(batches: AsyncIterator[list[StreamPart]], *, with_id: bool,
+                  first: list[StreamPart] | None = None) -> AsyncIterator[bytes]:
+    """A run's stream parts as SSE, one chunk (one write) per batch of them; a failure of the stream itself
+    ends it with an ``error`` event."""
     if first is not None:
-        yield encode_event(first, with_id=False)
+        yield b"".join([encode_event(part, with_id=False) for part in first])
     try:
-        async for part in parts:
-            yield encode_event(part, with_id=with_id)
+        async for batch in batches:
+            yield b"".join([encode_event(part, with_id=with_id) for part in batch])
     except BackchannelError as exc:
         yield encode_event(StreamPart("error", {"error": type(exc).__name__, "message": str(exc)}), with_id=False)
     except Exception:

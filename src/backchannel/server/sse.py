@@ -12,12 +12,18 @@ slow to follow it: the stream stops (letting go of the run's events the
 reader has not had), ends with an ``error`` event saying why, and the
 connection is dropped if that is not read either
 (:mod:`backchannel.server.connections`).
+
+A response's body goes to the server's own ``send`` when the app put it in the
+scope (:data:`BODY_SEND`): the app's middleware acts on a response's start
+(CORS headers, errors before it) and passes each body message on unchanged,
+which per streamed token cost as much as the token's own work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -28,20 +34,27 @@ from starlette.types import Receive, Scope, Send
 from backchannel.runtime.modes import StreamPart
 from backchannel.server.routing import render_json
 
-__all__ = ["SSE_HEARTBEAT", "OpenStreams", "StreamingBody", "encode_event", "event_stream", "json_body"]
+__all__ = ["BODY_SEND", "SSE_HEARTBEAT", "OpenStreams", "StreamingBody", "encode_event", "event_stream", "json_body"]
 
 SSE_HEARTBEAT = b": heartbeat\r\n\r\n"
 JSON_HEARTBEAT = b"\n"
+BODY_SEND = "backchannel.body_send"  # the scope key of the send the app was called with
 logger = logging.getLogger("backchannel.server")
 
 
 def encode_event(part: StreamPart, *, with_id: bool) -> bytes:
     """One stream part as an SSE event."""
-    event = part.event.replace("\r", "").replace("\n", "").encode()
+    event = _event_name(part.event)
     data = render_json(part.data)
     if with_id and part.id is not None:
         return b"event: %b\r\ndata: %b\r\nid: %b\r\n\r\n" % (event, data, part.id.encode())
     return b"event: %b\r\ndata: %b\r\n\r\n" % (event, data)
+
+
+@functools.lru_cache(maxsize=1024)
+def _event_name(name: str) -> bytes:
+    # A stream has a few names (modes, namespaced ones), each sent many times.
+    return name.replace("\r", "").replace("\n", "").encode()
 
 
 def event_stream(request: Request, chunks: AsyncIterator[bytes], *, headers: Mapping[str, str] | None = None,
@@ -95,14 +108,14 @@ class StreamingBody:
         if self.counter is not None:
             self.counter.count += 1
         try:
-            await self._respond(receive, send)
+            await self._respond(receive, send, scope.get(BODY_SEND, send))
         finally:
             if self.counter is not None:
                 self.counter.count -= 1
 
-    async def _respond(self, receive: Receive, send: Send) -> None:
+    async def _respond(self, receive: Receive, send: Send, send_body: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        sending = asyncio.ensure_future(self._send_all(send))
+        sending = asyncio.ensure_future(self._send_all(send_body))
         watching = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait({sending, watching}, return_when=asyncio.FIRST_COMPLETED)
