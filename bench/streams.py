@@ -35,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,13 +45,22 @@ from urllib.parse import urlsplit
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 from _cli import arguments, emit_report  # noqa: E402  (sibling scripts)
-from server import backchannel_server, children, langgraph_server, memory_mib, peak_rss_mib  # noqa: E402
+from server import (  # noqa: E402
+    _process,
+    backchannel_server,
+    children,
+    free_port,
+    langgraph_server,
+    memory_mib,
+    peak_rss_mib,
+    wait_until_up,
+)
 
 TOKENS = 200
 INTERVAL = 0.02
 RUN_SECONDS = TOKENS * INTERVAL
 LEVELS = (100, 1000, 2000)
-SERVERS = ("backchannel", "langgraph dev")
+SERVERS = ("backchannel", "langgraph dev", "floor")
 TARGETS = {"p99_ms": 25.0, "cpu_us_per_token": 5.0, "kib_per_stream": 100.0}
 
 BACKCHANNEL_AGENT = f'''
@@ -175,7 +186,21 @@ def _server(name: str, workdir: Path, clients: int) -> Any:
     if name == "backchannel":
         return backchannel_server(workdir, agents=BACKCHANNEL_AGENT, assistant="tokens",
                                   options=("--max-concurrency", str(clients)))
+    if name == "floor":
+        return floor_server(workdir)
     return langgraph_server(workdir, graph=LANGGRAPH_AGENT, assistant="tokens", jobs=clients)
+
+
+@contextmanager
+def floor_server(workdir: Path) -> Iterator[tuple[str, int]]:
+    """``_stream_floor.py``: the same bytes on the wire from a bare event loop (a timer and a write a token)."""
+    port = free_port()
+    log = workdir / "floor.log"
+    command = [sys.executable, str(BENCH / "_stream_floor.py"), str(port), str(TOKENS), str(INTERVAL)]
+    with _process(command, workdir, log) as process:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, process, log)
+        yield url, process.pid
 
 
 ROWS = [("token latency p50 (ms)", "p50_ms", "{:,.1f}"), ("token latency p99 (ms)", "p99_ms", "{:,.1f}"),
