@@ -22,9 +22,10 @@ a fresh server:
 Targets for backchannel at N = 1,000: p99 ≤ 25 ms, ≤ 5 µs server CPU per token, ≤ 100 KiB per live stream,
 no failure. backchannel runs on a SQLite file (its default) with ``--max-concurrency`` N;
 ``langgraph dev`` in memory with ``--n-jobs-per-worker`` N (it needs ``langgraph-cli[inmem]`` and
-``langchain`` in ``.venv-peers``). Usage::
+``langchain`` in ``.venv-peers``). ``floor`` (``_stream_floor.py``) is no server but the least one in Python can
+spend: the same bytes on the wire from a bare event loop, a timer and a write per token. Usage::
 
-    python bench/streams.py [--quick] [--json] [--clients 100,1000] [--servers backchannel,langgraph dev]
+    python bench/streams.py [--quick] [--json] [--clients 100,1000] [--servers backchannel,langgraph dev,floor]
 """
 
 from __future__ import annotations
