@@ -606,9 +606,10 @@ class SQLiteStorage(Storage):
             return int(self.db.execute("SELECT count(*) FROM thread_metadata WHERE key = ? AND value = ?",
                                        looked_up).fetchone()[0])
         where, params = self._thread_filter(metadata, status)
+        # CROSS JOIN: the threads with that value first, each then filtered (not every thread in a status)
         return int(self.db.execute(
-            "SELECT count(*) FROM threads WHERE thread_id IN (SELECT thread_id FROM thread_metadata "
-            f"WHERE key = ? AND value = ?) AND {where}", (*looked_up, *params)).fetchone()[0])
+            "SELECT count(*) FROM thread_metadata m CROSS JOIN threads t ON t.thread_id = m.thread_id "
+            f"WHERE m.key = ? AND m.value = ? AND {where}", (*looked_up, *params)).fetchone()[0])
 
     # -- assistants
 
