@@ -17,8 +17,6 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
-from rich.live import Live
-from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
@@ -84,6 +82,8 @@ def print_once(console: Console, message: Mapping[str, Any], agent: str, shown: 
 
 def said(who: str, text: str, style: str) -> RenderableType:
     """``who › text``, the text as Markdown."""
+    from rich.markdown import Markdown  # here: with markdown-it and pygments, 30 ms of a server's start
+
     return _row(Text(f"{who} ›", style=style), Markdown(text))
 
 
@@ -316,6 +316,8 @@ class StreamView:
 
 async def show_stream(console: Console, parts: AsyncIterator[Any], view: StreamView) -> StreamView:
     """Feed ``parts`` to ``view`` under a live display of what is in progress."""
+    from rich.live import Live
+
     with Live(view, console=console, refresh_per_second=10, transient=True):
         async for part in parts:
             view.on_part(part)

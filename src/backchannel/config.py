@@ -64,7 +64,7 @@ _NAME = r"^[A-Za-z0-9_-]+$"
 class SubagentConfig(BaseModel):
     """One ``[[subagents]]`` table."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     name: str = Field(pattern=_NAME)
     description: str
@@ -80,7 +80,7 @@ class SubagentConfig(BaseModel):
 class MCPServerConfig(BaseModel):
     """One ``[[mcp_servers]]`` table: a stdio server (``command``) or a streamable HTTP one (``url``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     name: str = Field(pattern=_NAME)
     command: str | None = None
@@ -106,7 +106,7 @@ class MCPServerConfig(BaseModel):
 class ChatConfig(BaseModel):
     """The whole file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     agent: str = Field(default="agent", pattern=_NAME)
     model: str | None = None

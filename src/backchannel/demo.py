@@ -12,12 +12,10 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from backchannel.agent import Agent
-from backchannel.deep_agent import create_deep_agent
 from backchannel.messages import HumanMessage, ToolMessage
 from backchannel.models.base import ModelRequest
 from backchannel.models.offline import OFFLINE_LABEL, OfflineModel, search_notes
 from backchannel.models.scripted import ScriptedModel
-from backchannel.subagents import SubAgent
 
 __all__ = ["DEFAULT_PROMPT", "DEMO_DATABASE", "build_demo"]
 
@@ -33,6 +31,9 @@ def build_demo(model: Any = None, *, latency: float = 0.6,
     supervisor's run lasts until every result is in; with ``"notify"`` it ends after dispatching,
     and each result wakes it with a new run.
     """
+    from backchannel.deep_agent import create_deep_agent  # here: a server with the demo page imports this module
+    from backchannel.subagents import SubAgent
+
     researcher = SubAgent(
         "researcher", "Looks up facts and statistics about one subject and reports them.",
         system_prompt="Research the subject you are given with search_notes, then report the key facts.",

@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib.metadata
 import json
 import logging
 import os
@@ -396,6 +395,8 @@ def _exporter(name: str) -> Any:
         env = os.environ
         protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
         name = "otlp_proto_grpc" if (protocol or "").strip() == "grpc" else "otlp_proto_http"
+    import importlib.metadata  # here: it costs more to import than the rest of this module
+
     found = importlib.metadata.entry_points(group="opentelemetry_traces_exporter", name=name)
     if not found:
         logger.warning("OTEL_TRACES_EXPORTER names %r, which no installed package provides", name)

@@ -32,7 +32,8 @@ __all__ = [
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Each body's validator is built at its first request rather than as the server starts.
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 class CheckpointConfig(Body):
@@ -84,6 +85,7 @@ class RunCreate(Body):
 class RunBatch(RootModel[list[RunCreate]]):
     """Stateless runs to queue together (at least one)."""
 
+    model_config = ConfigDict(defer_build=True)
     root: list[RunCreate] = Field(min_length=1)
 
 
