@@ -13,6 +13,7 @@ timeline page at ``/timeline`` (:mod:`backchannel.server.timeline`), and with a
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,7 @@ async def info(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return JSONResponse(request.app.state.openapi)
+    return JSONResponse(request.app.state.openapi())
 
 
 META = [
@@ -113,5 +114,7 @@ def create_app(runtime: Any, *, api_key: str | None = None, max_body_bytes: int 
     app.state.heartbeat = heartbeat
     app.state.client_timeout = client_timeout
     app.state.open_streams = OpenStreams()
-    app.state.openapi = openapi_document(ENDPOINTS, version=__version__)
+    # Built at its first request, as FastAPI does: every body's JSON schema costs the server's start more
+    # than the rest of its set-up.
+    app.state.openapi = functools.cache(functools.partial(openapi_document, ENDPOINTS, version=__version__))
     return app

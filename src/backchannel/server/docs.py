@@ -26,7 +26,7 @@ td{padding:1px 10px 1px 0;vertical-align:top}td:first-child{font-family:ui-monos
 
 
 async def docs(request: Request) -> Response:
-    return HTMLResponse(render_docs(request.app.state.openapi))
+    return HTMLResponse(render_docs(request.app.state.openapi()))
 
 
 def render_docs(document: Mapping[str, Any]) -> str:
