@@ -77,3 +77,15 @@ def test_serve_imports_only_what_serving_an_agent_needs(tmp_path):
     assert "backchannel.server.app" in imported and "uvicorn" in imported  # the log is read right
     assert sorted(name for name in imported
                   if any(name == unneeded or name.startswith(f"{unneeded}.") for unneeded in NOT_FOR_SERVING)) == []
+
+
+def test_a_server_builds_request_schemas_when_requests_need_them_not_as_it_starts(tmp_path):
+    # In a process of its own: this one's other tests have built them already.
+    script = ("import json, sys\n"
+              "from backchannel.runtime import LocalRuntime\n"
+              "from backchannel.server import create_app, schemas\n"
+              f"create_app(LocalRuntime('sqlite:///{tmp_path}/state.db', agents={{}}))\n"
+              "print(json.dumps([n for n in schemas.__all__ if getattr(schemas, n).__pydantic_complete__]))\n")
+    started = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == "[]"  # none built: /openapi.json and each body's first request build them
