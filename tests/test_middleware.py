@@ -277,6 +277,42 @@ async def test_wrap_model_call_error_is_a_middleware_error_but_model_errors_pass
         await create_agent(ScriptedModel([ModelError("down")]), middleware=[transparent]).ainvoke("hi")
 
 
+async def test_model_and_tool_errors_pass_through_stacked_wrappers_and_a_wrappers_own_error_names_it():
+    from backchannel.errors import LostRunError
+
+    def transparent(name, hook):
+        async def wrap(request, handler):
+            return await handler(request)
+
+        wrap.__name__ = name
+        return hook(wrap)
+
+    model_layers = [transparent("outer", wrap_model_call), transparent("inner", wrap_model_call)]
+    with pytest.raises(ModelError, match="down"):
+        await create_agent(ScriptedModel([ModelError("down")]), middleware=model_layers).ainvoke("hi")
+
+    @tool
+    async def lost() -> str:
+        """Its run is another process's now."""
+        raise LostRunError("taken over")
+
+    tool_layers = [transparent("outer", wrap_tool_call), transparent("inner", wrap_tool_call)]
+    agent = create_agent(ScriptedModel([{"tool_calls": [call("lost")]}, "x"]), [lost], middleware=tool_layers)
+    with pytest.raises(LostRunError, match="taken over"):
+        await agent.ainvoke("hi")
+
+    @wrap_tool_call
+    async def buggy(request, handler):
+        await handler(request)
+        raise ZeroDivisionError("oops")
+
+    agent = create_agent(ScriptedModel([{"tool_calls": [call("add", {"a": 1, "b": 1})]}, "x"]), [add],
+                         middleware=[transparent("outer", wrap_tool_call), buggy])
+    with pytest.raises(MiddlewareError) as err:
+        await agent.ainvoke("hi")
+    assert (err.value.middleware, err.value.hook) == ("buggy", "wrap_tool_call")
+
+
 async def test_wrap_tool_call_error_fails_the_run():
     @wrap_tool_call
     async def guard(request, handler):

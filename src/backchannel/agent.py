@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,44 +158,65 @@ class Agent:
 
     # -- running -------------------------------------------------------------
 
-    async def run(self, state: dict[str, Any], ctx: RunContext, *, stage: str = "before_agent") -> RunResult:
-        """Run (or continue, from ``stage``) on ``state`` in place; the runtime's entry point."""
-        plan = self._plan or self._compile()
-        work = self._run(plan, state, ctx, stage)
-        return await (ctx.trace.run(ctx, self.name, plan.model, work) if ctx.trace.on else work)
+    def run(self, state: dict[str, Any], ctx: RunContext, *,
+            stage: str = "before_agent") -> Coroutine[Any, Any, RunResult]:
+        """Run (or continue, from ``stage``) on ``state`` in place; the runtime's entry point (to await)."""
+        # A plain function: each coroutine frame between the runtime and a tool stays suspended with every
+        # run waiting on one (a thousand background subagents hold a thousand of each).
+        return self._run(self._plan or self._compile(), state, ctx, stage)
 
     async def _run(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str) -> RunResult:
+        """The run, in its span when it is traced (opened and ended here: a wrapping coroutine would stay
+        suspended as long as the run), and how it ended, told to the hooks and listeners."""
+        span = ctx.trace.start_run(ctx, self.name, plan.model) if ctx.trace.on else None
         reports = ctx.parent is None or self.name is not None
-        if reports:
-            self._lifecycle(ctx, "started")
         try:
-            if ctx.deadline is None:
-                await self._loop(plan, state, ctx, stage)
-            else:
-                async with asyncio.timeout_at(ctx.deadline):
+            if reports:
+                self._lifecycle(ctx, "started")
+            try:
+                if ctx.deadline is None:
                     await self._loop(plan, state, ctx, stage)
-        except GraphInterrupt as paused:
-            result = RunResult("interrupted", state, paused.interrupts, paused.stage)
+                else:
+                    async with asyncio.timeout_at(ctx.deadline):
+                        await self._loop(plan, state, ctx, stage)
+            except BaseException as exc:
+                result = await self._stopped(plan, state, ctx, exc, reports)
+            else:
+                result = await self._finished(plan, state, ctx, reports)
+        except BaseException as exc:
+            if span is not None:
+                await ctx.trace.end_run(ctx, span, None, exc)
+            raise
+        if span is not None:
+            await ctx.trace.end_run(ctx, span, result, None)
+        return result
+
+    async def _stopped(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, exc: BaseException,
+                       reports: bool) -> RunResult:
+        """A run whose steps raised ``exc``: paused (its result), else ended as cancelled, failed or timed out,
+        and ``exc`` raised again (unless it stops the run before its end: it continues once its runtime can)."""
+        if isinstance(exc, GraphInterrupt):
+            result = RunResult("interrupted", state, exc.interrupts, exc.stage)
             await self._end(plan, ctx, result)
             if reports:
                 self._lifecycle(ctx, "interrupted")
-            ctx.emit("interrupt", {"interrupts": paused.interrupts})
+            ctx.emit("interrupt", {"interrupts": exc.interrupts})
             if ctx.bus is not None and ctx.bus.wants_values:
-                ctx.emit("values", {**state, "__interrupt__": paused.interrupts})
+                ctx.emit("values", {**state, "__interrupt__": exc.interrupts})
             return result
-        except asyncio.CancelledError:
+        if isinstance(exc, asyncio.CancelledError):
             if reports:
                 self._lifecycle(ctx, "cancelled")
             await self._end(plan, ctx, RunResult("cancelled", state))
-            raise
-        except BaseException as exc:
-            if _stops_run(exc):
-                raise  # the run has not ended: it continues from its last step once its runtime can
+        elif not _stops_run(exc):
             timed_out = isinstance(exc, TimeoutError) and ctx.deadline is not None
             if reports:
                 self._lifecycle(ctx, "failed", error=describe_error(exc))
             await self._end(plan, ctx, RunResult("timeout" if timed_out else "error", state, error=exc))
-            raise
+        raise exc
+
+    async def _finished(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, reports: bool) -> RunResult:
+        """A run whose steps all ran: ``on_end`` hooks told (one failing fails the run)."""
         result = RunResult("success", state)
         try:
             await self._end(plan, ctx, result, raising=True)
@@ -443,35 +464,37 @@ class Agent:
             await ctx.recorder.pending(call["id"], {"update": update, "direct": direct})
         return update, direct
 
-    def _tool_call(self, plan: _Plan, call: Any, state: dict[str, Any],
-                   ctx: RunContext) -> Awaitable[tuple[dict[str, Any], bool, ToolMessage]]:
-        """One tool call (in its span when the run is traced)."""
-        work = self._execute_call(plan, call, state, ctx)
-        if not ctx.trace.on:
-            return work
-        return ctx.trace.tool_call(ctx, call, plan.tools.get(call.get("name") or ""), work)
-
-    async def _execute_call(self, plan: _Plan, call: Any, state: dict[str, Any],
-                            ctx: RunContext) -> tuple[dict[str, Any], bool, ToolMessage]:
-        """Run one tool call through the middleware; returns its state update, return-direct flag and result."""
+    async def _tool_call(self, plan: _Plan, call: Any, state: dict[str, Any],
+                         ctx: RunContext) -> tuple[dict[str, Any], bool, ToolMessage]:
+        """Run one tool call through the middleware, in its span when the run is traced (opened and ended here, in
+        the frame that awaits the tool); returns its state update, return-direct flag and result message."""
         name = call.get("name") or ""
         tool = plan.tools.get(name)
-        listening = ctx.bus is not None and bool(ctx.bus.listeners)
-        if listening:
-            ctx.emit("tool", {"event": "started", "tool_call_id": call["id"], "tool_name": name,
-                              "args": call["args"]})
-        if call.get("type") == "invalid_tool_call":
-            result: ToolMessage | ToolResult = _error_message(
-                call, f"the arguments for tool {name!r} could not be read: {call.get('error')}. "
-                      f"Received: {call.get('args')!r}. Call the tool again with a valid JSON object.")
-        else:
-            # The interrupt scope covers wrap_tool_call middleware too (e.g. an approval step).
-            scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
-            try:
-                result = await plan.call_tool(ToolCallRequest(call, tool, state, ctx))
-            finally:
-                current_scope.reset(scope)
-        update, direct, message = _tool_update(result, call, tool)
+        opened = ctx.trace.start_tool(call, tool) if ctx.trace.on else None
+        message: ToolMessage | None = None
+        try:
+            listening = ctx.bus is not None and bool(ctx.bus.listeners)
+            if listening:
+                ctx.emit("tool", {"event": "started", "tool_call_id": call["id"], "tool_name": name,
+                                  "args": call["args"]})
+            if call.get("type") == "invalid_tool_call":
+                result: ToolMessage | ToolResult = _error_message(
+                    call, f"the arguments for tool {name!r} could not be read: {call.get('error')}. "
+                          f"Received: {call.get('args')!r}. Call the tool again with a valid JSON object.")
+            else:
+                # The interrupt scope covers wrap_tool_call middleware too (e.g. an approval step).
+                scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
+                try:
+                    result = await plan.call_tool(ToolCallRequest(call, tool, state, ctx))
+                finally:
+                    current_scope.reset(scope)
+            update, direct, message = _tool_update(result, call, tool)
+        except BaseException as exc:
+            if opened is not None:
+                ctx.trace.end_tool(ctx, call, opened, None, exc)
+            raise
+        if opened is not None:
+            ctx.trace.end_tool(ctx, call, opened, message, None)
         if listening:
             event = "error" if message.status == "error" else "finished"
             ctx.emit("tool", {"event": event, "tool_call_id": call["id"], "tool_name": name,
@@ -738,25 +761,30 @@ def _tool_update(result: ToolMessage | ToolResult, call: Any,
 
 
 async def _invoke_model(request: ModelRequest) -> AIMessage:
-    """The model call itself: streamed when somebody listens for deltas, else one request."""
+    """The model call itself: streamed when somebody listens for deltas, else one request. Its errors are the
+    model's (marked so that ``wrap_model_call`` middleware lets them through as they are)."""
     ctx: RunContext = request.ctx
     bus = ctx.bus
-    if bus is None or not bus.listeners:
-        return await request.model.generate(request)
-    message_id = new_id()
-    ctx.emit("message", {"event": "start", "message_id": message_id})
-    if bus.wants_deltas:
-        acc = Accumulator()
-        async for delta in request.model.stream(request):
-            acc.add(delta)
-            if type(delta) is TextDelta:
-                ctx.emit("message", {"event": "delta", "message_id": message_id, "text": delta.text})
-            elif type(delta) is ToolCallDelta:
-                ctx.emit("message", {"event": "delta", "message_id": message_id, "tool_call": {
-                    "index": delta.index, "id": delta.id, "name": delta.name, "args": delta.args}})
-        message = acc.message()
-    else:
-        message = await request.model.generate(request)
+    try:
+        if bus is None or not bus.listeners:
+            return await request.model.generate(request)
+        message_id = new_id()
+        ctx.emit("message", {"event": "start", "message_id": message_id})
+        if bus.wants_deltas:
+            acc = Accumulator()
+            async for delta in request.model.stream(request):
+                acc.add(delta)
+                if type(delta) is TextDelta:
+                    ctx.emit("message", {"event": "delta", "message_id": message_id, "text": delta.text})
+                elif type(delta) is ToolCallDelta:
+                    ctx.emit("message", {"event": "delta", "message_id": message_id, "tool_call": {
+                        "index": delta.index, "id": delta.id, "name": delta.name, "args": delta.args}})
+            message = acc.message()
+        else:
+            message = await request.model.generate(request)
+    except Exception as exc:
+        _mark_passthrough(exc)
+        raise
     if message.id != message_id:
         message.response_metadata.setdefault("id", message.id)
         message.id = message_id
@@ -785,8 +813,11 @@ def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
                                         "Call the tool again with arguments that match its schema.")
         except ToolError as exc:
             return _error_message(call, str(exc))
-        except (GraphInterrupt, asyncio.CancelledError, StorageUnavailableError, LostRunError):
-            raise  # the run's own database is away, or the run is another process's now: it stops here
+        except (GraphInterrupt, asyncio.CancelledError, StorageUnavailableError, LostRunError) as exc:
+            # The run's own database is away, or the run is another process's now: it stops here, and
+            # wrap_tool_call middleware lets it through as it is.
+            _mark_passthrough(exc)
+            raise
         except BaseException as exc:  # SystemExit from argparse, KeyboardInterrupt from a library: the tool failed
             return _error_message(call, f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}")
         finally:
@@ -807,16 +838,13 @@ def _chain(hook: str, wrappers: list[tuple[str, Any]], innermost: Any) -> Any:
 
 
 def _layer(hook: str, mw_name: str, fn: Any, inner: Any) -> Any:
-    async def call_inner(request: Any) -> Any:
-        try:
-            return await inner(request)
-        except Exception as exc:
-            _mark_passthrough(exc)
-            raise
+    """``fn`` around ``inner``: what ``fn`` raises itself is a :class:`MiddlewareError` naming it. What ``inner``
+    raises comes through as it is: the innermost handler marks its own errors and a layer raises only marked
+    ones (or interrupts and middleware errors), so no coroutine between them stays suspended with every call."""
 
     async def layer(request: Any) -> Any:
         try:
-            return await fn(request, call_inner)
+            return await fn(request, inner)
         except (GraphInterrupt, MiddlewareError):
             raise
         except Exception as exc:

@@ -110,10 +110,11 @@ class Trace:
         """The tokens the root run used, its subagents included (and counted separately)."""
         return self.runs[0].usage if self.runs else empty_usage()
 
-    async def run(self, ctx: RunContext, agent_name: str | None, model: Any, work: Awaitable[RunResult]) -> RunResult:
-        """Await an agent run (``work``) in its span; a subagent's nests under the tool call that runs it.
+    def start_run(self, ctx: RunContext, agent_name: str | None, model: Any) -> RunSpan:
+        """Open an agent run's span (ended by :meth:`end_run`); a subagent's nests under the tool call that runs it.
 
-        An unnamed agent is named as the runtime registered it (its graph id), else ``agent``.
+        An unnamed agent is named as the runtime registered it (its graph id), else ``agent``. The agent opens
+        and ends it in its own frame: a wrapper coroutine would stay suspended for the whole run.
         """
         parent = ctx.parent.span if ctx.parent is not None else None
         name = agent_name or (ctx.metadata.get("graph_id") if parent is None else None) or "agent"
@@ -122,16 +123,19 @@ class Trace:
         self.runs.append(span)
         if self._otel is not None:
             span.otel = self._otel.start(f"invoke_agent {name}", _INTERNAL, _agent_attributes(ctx, name, model))
-        try:
-            result = await work
-        except BaseException as exc:
-            self._end_run(span, _status_of(exc, ctx.deadline is not None), exc)
-            if not isinstance(exc, asyncio.CancelledError):  # a cancelled run stops at once
-                await self._exported(span)
-            raise
-        self._end_run(span, result.status, None)
+        return span
+
+    async def end_run(self, ctx: RunContext, span: RunSpan, result: RunResult | None,
+                      error: BaseException | None) -> None:
+        """End a run's span with its ``result``, or the ``error`` it raised."""
+        if error is not None:
+            self._end_run(span, _status_of(error, ctx.deadline is not None), error)
+            if isinstance(error, asyncio.CancelledError):
+                return  # a cancelled run stops at once
+        else:
+            assert result is not None
+            self._end_run(span, result.status, None)
         await self._exported(span)
-        return result
 
     async def _exported(self, span: RunSpan) -> None:
         """A run's spans are with OpenTelemetry's processors by the time it returns (those of its subagents with
@@ -176,25 +180,19 @@ class Trace:
             otel.end_chat(handle, message, "success", None)
         return message
 
-    async def tool_call(self, ctx: RunContext, call: Mapping[str, Any], tool: Tool | None,
-                        work: Awaitable[tuple[Any, Any, ToolMessage]]) -> tuple[Any, Any, ToolMessage]:
-        """Await a tool call (``work``, giving its update, return-direct flag and result message) in its span,
-        and record it."""
-        start, otel = time.time(), self._otel
-        handle: Any = otel.start_tool(call, tool) if otel is not None else None
-        message, error = None, None
-        try:
-            outcome = await work
-            message = outcome[2]
-            return outcome
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            self.calls.append((_TOOL, ctx.span, start, time.time(), call, message, error))
-            if otel is not None:
-                status, text = _tool_status(message, error, ctx.deadline is not None)
-                otel.end_tool(handle, message, status, error, text)
+    def start_tool(self, call: Mapping[str, Any], tool: Tool | None) -> tuple[float, Any]:
+        """A tool call's span opened: what :meth:`end_tool` needs (the call awaits its tool in its own frame)."""
+        otel = self._otel
+        return time.time(), otel.start_tool(call, tool) if otel is not None else None
+
+    def end_tool(self, ctx: RunContext, call: Mapping[str, Any], opened: tuple[float, Any],
+                 message: ToolMessage | None, error: BaseException | None) -> None:
+        """Record a tool call that gave its result ``message`` or raised ``error``, and end its span."""
+        start, handle = opened
+        self.calls.append((_TOOL, ctx.span, start, time.time(), call, message, error))
+        if self._otel is not None:
+            status, text = _tool_status(message, error, ctx.deadline is not None)
+            self._otel.end_tool(handle, message, status, error, text)
 
     def took_notifications(self, ctx: RunContext, messages: Sequence[AnyMessage]) -> None:
         """Record the background-task notifications among ``messages``, just taken into the run."""
@@ -434,13 +432,18 @@ def with_trace_context(config: Mapping[str, Any] | None,
     return {**(config or {}), "configurable": {**configurable, **carrier}}
 
 
-@contextlib.contextmanager
-def continued_from(config: Mapping[str, Any] | None) -> Iterator[None]:
+def continued_from(config: Mapping[str, Any] | None) -> contextlib.AbstractContextManager[None]:
     """Within the block, the current trace context is the one a run's ``config`` carries (none: a new
     trace), not whatever the code that queued the run had."""
-    if _otel() is None:
-        yield
-        return
+    # Without OpenTelemetry, one shared no-op: a block around a run is held as long as the run.
+    return _UNCHANGED if _otel() is None else _attached(config)
+
+
+_UNCHANGED: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _attached(config: Mapping[str, Any] | None) -> Iterator[None]:
     from opentelemetry import context, propagate
 
     carrier = (config or {}).get("configurable") or {}

@@ -92,7 +92,14 @@ class Executor:
                     raise NotFoundError(f"assistant {row.assistant_id!r} is not registered in this runtime")
                 if row.attempts > self.max_attempts:
                     raise RunAttemptsError(row.attempts - 1)
-                state, result = await self._run_agent(row, agent, stream, trace)
+                # The agent's run is awaited here, not in a helper: each frame under a run stays suspended as
+                # long as it (a thousand background subagents hold a thousand of each).
+                state, ctx, stage = await self._ready(row, agent, stream, trace)
+                if ctx is None:  # nothing to run (a run resumed after its last step still ends: on_end)
+                    result = RunResult("success", state.values)
+                else:
+                    with continued_from(row.kwargs.get("config")):  # the trace of whatever queued the run
+                        result = await agent.run(state.values, ctx, stage=stage)
                 status, values, has_mail = await self._finish(row, agent, state, result, trace)
                 stored = "success"  # also when it paused for a human (see _finish)
                 stream.interrupts = [i.to_dict() for i in result.interrupts]
@@ -157,8 +164,9 @@ class Executor:
             payload["error"] = render_error(error)
         self._spawn(post_webhook(row.kwargs["webhook"], payload))
 
-    async def _run_agent(self, row: RunRow, agent: Agent, stream: RunStream,
-                         trace: Trace) -> tuple[ThreadState, RunResult]:
+    async def _ready(self, row: RunRow, agent: Agent, stream: RunStream,
+                     trace: Trace) -> tuple[ThreadState, RunContext | None, str]:
+        """The run's state, its context and the stage it starts at (no context: it has nothing to run)."""
         kwargs = row.kwargs
         reducers = agent.state_reducers()
         state = await self._load_state(row, reducers)
@@ -183,12 +191,11 @@ class Executor:
             max_iterations=iteration_limit(kwargs.get("config")), trace=trace,
             breakpoints=_breakpoints(kwargs, resumed=resuming or (stage == state.next_stage
                                                                   and not kwargs.get("input"))))
-        if not stage and not resuming:  # nothing to run (a run resumed after its last step still ends: on_end)
-            return state, RunResult("success", state.values)
+        if not stage and not resuming:
+            return state, None, stage
         if kwargs.get("timeout"):
             ctx.deadline = asyncio.get_running_loop().time() + kwargs["timeout"]
-        with continued_from(kwargs.get("config")):  # the trace of whatever queued the run, across processes
-            return state, await agent.run(state.values, ctx, stage=stage)
+        return state, ctx, stage
 
     async def _load_state(self, row: RunRow, reducers: Mapping[str, Reducer]) -> ThreadState:
         checkpoint_id = row.kwargs.get("checkpoint_id")

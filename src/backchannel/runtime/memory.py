@@ -23,6 +23,7 @@ from backchannel.runtime.rows import (
     CancelAction,
     CheckpointRow,
     CronRow,
+    Delta,
     ItemRow,
     PruneStrategy,
     RunClaim,
@@ -354,6 +355,8 @@ class MemoryStorage(Storage):
         if parent_seq is not None and row.parent_id not in by_id:
             return False
         row = _copy(row)
+        if isinstance(row.delta, Delta):
+            row.delta.drop_text()
         self._checkpoints.setdefault(row.thread_id, []).append(row)
         by_id[row.checkpoint_id] = row
         return True

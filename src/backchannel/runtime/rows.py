@@ -106,6 +106,12 @@ class Delta(Mapping[str, Any]):
             self._text = dumps(self._data)
         return self._text
 
+    def drop_text(self) -> None:
+        """Forget the text when the data is here (it is encoded again when asked): a store in memory keeps the
+        data, whose messages are the live state's own, and the text would be a second copy of them."""
+        if self._data is not None:
+            self._text = None
+
     def as_json(self) -> Mapping[str, Any]:
         """The data as JSON values (messages as dicts), parsed from the text once."""
         if self._json is None:
