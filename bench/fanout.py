@@ -21,9 +21,10 @@ What is measured (scripted models with simulated latency, so the critical path i
 The supervisor's model answers at once (no latency), so the ideal is the workers' 5 x 50 ms.
 Usage::
 
-    python bench/fanout.py [--quick] [--json]
+    python bench/fanout.py [--quick] [--json] [--memory]
 
-``--json`` prints one JSON document on stdout (the tables go to stderr).
+``--json`` prints one JSON document on stdout (the tables go to stderr); ``--memory`` measures only the
+memory per live subagent (a few seconds).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ WARMUP_K = 10  # a fan-out on the same runtime before each timed one
 WORKER_TOOL_CALLS = 4  # then the answer: 5 model calls per worker
 LATENCY = 0.05  # seconds per worker model call
 IDEAL_S = (WORKER_TOOL_CALLS + 1) * LATENCY
+MEMORY_SITES_SHOWN = 16  # files named in the breakdown of memory per live subagent
 HOLD_AT = 2  # the memory run holds every worker in its tool call with x == HOLD_AT (the third)
 TIMEOUT_S = 120.0
 
@@ -309,6 +311,7 @@ class MemorySample:
     traced_peak_bytes: float  # tracemalloc: the peak from the fan-out's start until then
     rss_bytes: float | None  # VmRSS growth without tracemalloc (rough: freed pages stay mapped)
     live: int
+    by_file: dict[str, float] = field(default_factory=dict)  # tracemalloc's held bytes by where allocated
 
 
 async def held_fan_out(k: int, begin: Callable[[], Any],
@@ -335,12 +338,24 @@ async def measure_memory(k: int) -> MemorySample:
 
     rss, live = await held_fan_out(k, rss_begin, lambda: (rss_bytes() or 0) - base[0])
     try:  # tracing starts with the fan-out: it reports what was allocated since and is still held
-        (traced, peak), live = await held_fan_out(k, tracemalloc.start,
-                                                  tracemalloc.get_traced_memory)
+        (traced, peak, sites), live = await held_fan_out(k, tracemalloc.start, traced_memory)
     finally:
         tracemalloc.stop()
+    by_file = {name: size / live for name, size in sites.items()}
     return MemorySample(traced / live, peak / live, rss / live if rss_bytes() is not None else None,
-                        live)
+                        live, by_file)
+
+
+def traced_memory() -> tuple[int, int, dict[str, int]]:
+    """tracemalloc's held and peak bytes, and the held bytes by the file that allocated them (a module of
+    backchannel by its name, the rest by file name), largest first."""
+    traced, peak = tracemalloc.get_traced_memory()
+    sites: dict[str, int] = {}
+    for stat in tracemalloc.take_snapshot().statistics("filename"):
+        path = stat.traceback[0].filename
+        name = path.split("backchannel/", 1)[1] if "backchannel/" in path else os.path.basename(path)
+        sites[name] = sites.get(name, 0) + stat.size
+    return traced, peak, dict(sorted(sites.items(), key=lambda item: -item[1]))
 
 
 # -- synchronous fan-out: the `task` tool -------------------------------------------------------
@@ -506,6 +521,9 @@ def render_memory(results: dict[str, Any], out: Any) -> None:
             ("VmRSS growth (no tracemalloc)", mem.rss_bytes))
     for label, value in rows:
         print(f"  {label:<34} {_kib(value):>8} KiB per subagent", file=out)
+    largest = list(mem.by_file.items())[:MEMORY_SITES_SHOWN]
+    print("  held, by the file that allocated it (bytes per subagent): "
+          + ", ".join(f"{name} {size:,.0f}" for name, size in largest), file=out)
 
 
 def render_sync(results: dict[str, Any], out: Any) -> None:
@@ -556,7 +574,13 @@ def render_targets(checks: list[dict[str, Any]], out: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments(__doc__, "fewer repeats").parse_args(argv)
+    parser = arguments(__doc__, "fewer repeats")
+    parser.add_argument("--memory", action="store_true", help="measure only the memory per live subagent")
+    args = parser.parse_args(argv)
+    if args.memory:
+        memory = asyncio.run(measure_memory(MEMORY_K))
+        emit_report({"memory": memory}, [render_memory], args.json)
+        return 0
     settings = Settings.for_mode(args.quick)
     results = asyncio.run(run_benchmarks(settings))
     results.update(mode="quick" if args.quick else "full", settings=asdict(settings),

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,15 @@ from backchannel.context import Breakpoints, CallingTool, RunContext, current_to
 from backchannel.errors import LostRunError, MaxIterationsError, MiddlewareError, StorageUnavailableError
 from backchannel.events import Event, EventBus, filter_metadata
 from backchannel.interrupts import GraphInterrupt, InterruptScope, current_scope
-from backchannel.messages import AIMessage, AnyMessage, ToolMessage, messages_from_input, new_id, pending_tool_calls
+from backchannel.messages import (
+    AIMessage,
+    AnyMessage,
+    ToolCall,
+    ToolMessage,
+    messages_from_input,
+    new_id,
+    pending_tool_calls,
+)
 from backchannel.middleware import HOOKS, JUMPS, Middleware, ModelHandler, ToolCallRequest, ToolHandler, overrides
 from backchannel.models import init_model
 from backchannel.models.base import Accumulator, ModelRequest, SupportsChat, TextDelta, ToolCallDelta
@@ -56,6 +65,9 @@ class _Plan:
     call_model: ModelHandler
     call_tool: ToolHandler
     reducers: dict[str, Reducer]
+
+
+_NO_NODES: frozenset[str] = frozenset()  # the nodes a run pauses at, when it has no breakpoints
 
 
 class Agent:
@@ -254,6 +266,7 @@ class Agent:
         ctx.emit("lifecycle", data)
 
     async def _loop(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str) -> None:
+        """The run's steps from ``stage`` on (one frame: each frame under a run stays suspended as long as it)."""
         if not stage:
             return  # resumed after its last step: only the run's end (on_end hooks) is left
         # Mail taken in from the inbox is acknowledged once a model call has heard it, or once the run
@@ -261,7 +274,72 @@ class Agent:
         unheard: list[AnyMessage] = []
         failed = False
         try:
-            await self._steps(plan, state, ctx, stage, unheard)
+            name, _, index = stage.partition(":")
+            start = int(index or 0)
+            model_calls = 0
+            woken = False  # after_agent sent a finished run back to the model
+            while True:
+                if name == "before_agent":
+                    jump = await self._run_hooks(plan, "before_agent", state, ctx, start)
+                    name = "after_agent" if jump else "before_model"
+                elif name == "before_model":
+                    arrived = await self._deliver_inbox(plan, state, ctx, unheard) if start == 0 and ctx.inbox else []
+                    unheard += arrived
+                    if await self._run_hooks(plan, "before_model", state, ctx, start):
+                        name, start = "after_agent", 0
+                        continue
+                    # A finished run woken by mail (task results) is not looping: only the other calls count.
+                    if not (woken and arrived):
+                        model_calls += 1
+                        limit = ctx.max_iterations or self.max_iterations
+                        if model_calls > limit:
+                            raise MaxIterationsError(limit)
+                    woken = False
+                    if self._breaks(ctx, "before", {"model"}):
+                        raise GraphInterrupt([], f"before_model:{len(plan.hooks['before_model'])}")
+                    message = await self._call_model(plan, state, ctx)
+                    if unheard:  # heard now
+                        assert ctx.inbox is not None
+                        await ctx.inbox.ack(unheard)
+                        unheard.clear()
+                    name = _stage_after_reply(plan, message)
+                    await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)
+                    if not name:
+                        return
+                    if self._breaks(ctx, "after", {"model"}):
+                        raise GraphInterrupt([], name)
+                elif name == "after_model":
+                    jump = await self._run_hooks(plan, "after_model", state, ctx, start)
+                    if jump:
+                        name = _JUMP_TARGETS[jump]
+                    else:
+                        last = _last_ai(state["messages"])
+                        has_calls = last is not None and bool(last.tool_calls or last.invalid_tool_calls)
+                        name = "tools" if has_calls else "after_agent"
+                elif name == "tools":
+                    called = {"tools", *_pending_tool_names(state)} if ctx.breakpoints is not None else _NO_NODES
+                    if self._breaks(ctx, "before", called):
+                        raise GraphInterrupt([], "tools")
+                    _, calls = pending_tool_calls(state["messages"])
+                    if len(calls) == 1 and not ctx.pending_tools:  # one call: awaited here (no frame between)
+                        try:
+                            update, direct, _ = await self._tool_call(plan, calls[0], state, ctx)
+                        except GraphInterrupt as paused:
+                            paused.stage = "tools"  # resume by running the call again
+                            raise
+                        name = "after_agent" if direct else "before_model"
+                        await self._apply(plan, state, ctx, "tools", update, name)
+                    else:
+                        name = "after_agent" if await self._run_batch(plan, calls, state, ctx) else "before_model"
+                    if self._breaks(ctx, "after", called):
+                        raise GraphInterrupt([], name)
+                elif name == "after_agent":
+                    if not await self._run_hooks(plan, "after_agent", state, ctx, start):
+                        return
+                    name, woken = "before_model", True
+                else:
+                    raise ValueError(f"cannot continue a run at unknown stage {stage!r}")
+                start = 0
         except GraphInterrupt:
             raise
         except BaseException:
@@ -272,67 +350,8 @@ class Agent:
                 assert ctx.inbox is not None
                 await ctx.inbox.ack(unheard)
 
-    async def _steps(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str,
-                     unheard: list[AnyMessage]) -> None:
-        name, _, index = stage.partition(":")
-        start = int(index or 0)
-        model_calls = 0
-        woken = False  # after_agent sent a finished run back to the model
-        while True:
-            if name == "before_agent":
-                jump = await self._run_hooks(plan, "before_agent", state, ctx, start)
-                name = "after_agent" if jump else "before_model"
-            elif name == "before_model":
-                arrived = await self._deliver_inbox(plan, state, ctx, unheard) if start == 0 and ctx.inbox else []
-                unheard += arrived
-                if await self._run_hooks(plan, "before_model", state, ctx, start):
-                    name, start = "after_agent", 0
-                    continue
-                # A finished run woken by mail (task results) is not looping: only the other calls count.
-                if not (woken and arrived):
-                    model_calls += 1
-                    limit = ctx.max_iterations or self.max_iterations
-                    if model_calls > limit:
-                        raise MaxIterationsError(limit)
-                woken = False
-                if self._breaks(ctx, "before", {"model"}):
-                    raise GraphInterrupt([], f"before_model:{len(plan.hooks['before_model'])}")
-                message = await self._call_model(plan, state, ctx)
-                if unheard:  # heard now
-                    assert ctx.inbox is not None
-                    await ctx.inbox.ack(unheard)
-                    unheard.clear()
-                name = _stage_after_reply(plan, message)
-                await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)
-                if not name:
-                    return
-                if self._breaks(ctx, "after", {"model"}):
-                    raise GraphInterrupt([], name)
-            elif name == "after_model":
-                jump = await self._run_hooks(plan, "after_model", state, ctx, start)
-                if jump:
-                    name = _JUMP_TARGETS[jump]
-                else:
-                    last = _last_ai(state["messages"])
-                    has_calls = last is not None and bool(last.tool_calls or last.invalid_tool_calls)
-                    name = "tools" if has_calls else "after_agent"
-            elif name == "tools":
-                called = {"tools", *_pending_tool_names(state)}
-                if self._breaks(ctx, "before", called):
-                    raise GraphInterrupt([], "tools")
-                name = "after_agent" if await self._run_tools(plan, state, ctx) else "before_model"
-                if self._breaks(ctx, "after", called):
-                    raise GraphInterrupt([], name)
-            elif name == "after_agent":
-                if not await self._run_hooks(plan, "after_agent", state, ctx, start):
-                    return
-                name, woken = "before_model", True
-            else:
-                raise ValueError(f"cannot continue a run at unknown stage {stage!r}")
-            start = 0
-
     @staticmethod
-    def _breaks(ctx: RunContext, when: str, nodes: set[str]) -> bool:
+    def _breaks(ctx: RunContext, when: str, nodes: AbstractSet[str]) -> bool:
         """Whether the run pauses ``when`` ("before" or "after") one of ``nodes``. The first check of a run
         resumed from a pause lets it through: that is where it paused."""
         points = ctx.breakpoints
@@ -417,17 +436,10 @@ class Agent:
             message.name = self.name
         return message
 
-    async def _run_tools(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> bool:
-        """Run the last reply's unanswered tool calls; returns whether a return-direct tool ran."""
-        _, calls = pending_tool_calls(state["messages"])
-        if len(calls) == 1 and not ctx.pending_tools:
-            try:
-                update, direct, _ = await self._tool_call(plan, calls[0], state, ctx)
-            except GraphInterrupt as paused:
-                paused.stage = "tools"  # resume by running the call again
-                raise
-            await self._apply(plan, state, ctx, "tools", update, "after_agent" if direct else "before_model")
-            return direct
+    async def _run_batch(self, plan: _Plan, calls: list[ToolCall], state: dict[str, Any],
+                         ctx: RunContext) -> bool:
+        """Run the last reply's unanswered tool calls at once (or those of them without a result stored before a
+        crash); returns whether a return-direct tool ran."""
         results = await asyncio.gather(*(self._execute_in_batch(plan, c, state, ctx) for c in calls),
                                        return_exceptions=True)
         waiting = [r for r in results if isinstance(r, GraphInterrupt)]
@@ -807,7 +819,7 @@ def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
                                   ctx.context, ctx.store, ctx.emit_custom, ctx)
         caller = current_tool_call.set(CallingTool(ctx, call["id"], asyncio.get_running_loop()))
         try:
-            output = await tool.ainvoke(call["args"], runtime)
+            output = await tool.start(call["args"], runtime)
         except ToolArgumentsError as exc:
             return _error_message(call, f"invalid arguments for tool {tool.name!r}: {exc}. "
                                         "Call the tool again with arguments that match its schema.")

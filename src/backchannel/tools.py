@@ -15,7 +15,7 @@ import re
 import sys
 import typing
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, overload
@@ -237,14 +237,32 @@ class Tool:
 
     async def ainvoke(self, args: dict[str, Any], runtime: ToolRuntime | None = None) -> Any:
         """Validate ``args`` and run the function (a sync one in a worker thread, unless ``inline``)."""
+        return await self.start(args, runtime)
+
+    def start(self, args: dict[str, Any], runtime: ToolRuntime | None = None) -> Awaitable[Any]:
+        """Validate ``args`` and start the function: what it returns, to await (an async function's own
+        coroutine, with no frame of this method around it while it runs; an ``inline`` sync one has run)."""
         kwargs = self.validate(args)
         if self.runtime_param is not None:
             kwargs[self.runtime_param] = runtime
         if self.is_async:
-            return await self.fn(**kwargs)
-        if self.inline:
             return self.fn(**kwargs)
-        return await run_in_thread(self.fn, kwargs)
+        if self.inline:
+            return _Ready(self.fn(**kwargs))
+        return run_in_thread(self.fn, kwargs)
+
+
+class _Ready:
+    """An inline sync tool's result, awaitable like an async one's."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.value
+        yield  # a generator that returns at once
 
 
 def _warn(message: str) -> None:
