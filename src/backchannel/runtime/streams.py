@@ -27,7 +27,7 @@ class RunStream:
     """
 
     __slots__ = ("run_id", "resumable", "bus", "events", "status", "error", "final_values", "exception", "final_row",
-                 "interrupts", "result", "last_seq", "_waiters", "_readers", "_recording", "_awaited")
+                 "interrupts", "result", "last_seq", "_waiters", "_readers", "_recording", "_awaited", "_loop")
 
     def __init__(self, run_id: str, *, resumable: bool = False, values: bool = False, watched: bool = False) -> None:
         self.run_id = run_id
@@ -48,6 +48,7 @@ class RunStream:
         self._readers = 0  # live readers of ``events``
         self._recording = False
         self._awaited = watched  # its creator will follow it: keep its events until then
+        self._loop: asyncio.AbstractEventLoop | None = None  # its readers' (they wait on futures of it)
         if resumable or watched:  # a run somebody follows from its creation records from the start
             self.keep_events()
 
@@ -101,7 +102,10 @@ class RunStream:
         return self.status
 
     async def _next_change(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:  # once: on Python 3.11 each get_running_loop() is a getpid() syscall, here one a token
+            loop = self._loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         self._waiters.append(waiter)
         await waiter
 
