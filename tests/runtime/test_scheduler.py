@@ -1,11 +1,17 @@
-"""The scheduler: an idle runtime leaves its database alone; runs still start at once, and delayed ones on time."""
+"""The scheduler: an idle runtime leaves its database alone; runs still start at once, and delayed ones on time;
+on Postgres a run queued on a free thread is claimed in the write that stores it."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from contextlib import AsyncExitStack
 
-from runtime_helpers import echo_agent, user
+from runtime_helpers import echo_agent, tool_loop, user
+
+from backchannel import ScriptedModel, ToolRuntime, create_agent, tool
+from backchannel.runtime import LocalRuntime
 
 
 def count_claims(rt) -> list[float]:
@@ -41,3 +47,51 @@ async def test_a_delayed_run_starts_when_its_time_comes(make_runtime):
     run = await rt.runs.create(thread["thread_id"], "agent", input=user("later"), after_seconds=1.0)
     await rt.runs.join(thread["thread_id"], run["run_id"])
     assert 1.0 <= time.monotonic() - queued < 3.0  # not left for the next idle look
+
+
+async def test_a_run_on_a_free_thread_starts_without_a_claim_of_its_own(postgres_url):
+    # A claim is a transaction of five round trips; a run queued by this process on a thread with no other
+    # run is claimed in the write that stores it (issue 22.2).
+    async with LocalRuntime(postgres_url, agents={"agent": echo_agent()}) as rt:
+        await rt.runs.wait(None, "agent", input=user("warm up"))
+        claims = count_claims(rt)
+        thread = await rt.threads.create()
+        for i in range(10):
+            values = await rt.runs.wait(thread["thread_id"], "agent", input=user(f"turn {i}"))
+            assert values["messages"][-1]["content"] == f"echo: turn {i}"
+            new = await rt.runs.wait(str(uuid.uuid4()), "agent", input=user(f"new {i}"), if_not_exists="create")
+            assert new["messages"][-1]["content"] == f"echo: new {i}"
+        assert len(claims) <= 2, f"{len(claims)} claims for 20 runs on free threads"  # the idle look, at most
+        runs = await rt.runs.list(thread["thread_id"], limit=100)
+        assert [r["status"] for r in runs] == ["success"] * 10
+
+
+async def test_runs_queued_at_once_on_one_new_thread_by_two_processes_run_one_after_the_other(postgres_url):
+    spans: dict[str, list[tuple[float, float]]] = {}
+
+    @tool
+    async def work(i: int, runtime: ToolRuntime) -> str:
+        """Do some work."""
+        started = time.monotonic()
+        await asyncio.sleep(0.05)
+        spans.setdefault(runtime.thread_id, []).append((started, time.monotonic()))
+        return "worked"
+
+    def agent():
+        return create_agent(ScriptedModel([tool_loop(1, "work")], loop=True), [work])
+
+    async with AsyncExitStack() as stack:
+        first, second = [await stack.enter_async_context(LocalRuntime(postgres_url, agents={"agent": agent()}))
+                         for _ in range(2)]
+        threads = [str(uuid.uuid4()) for _ in range(10)]
+        made = await asyncio.gather(*(rt.runs.create(t, "agent", input=user("go"), if_not_exists="create")
+                                      for t in threads for rt in (first, second)))
+        for run in made:
+            await first.runs.join(run["thread_id"], run["run_id"])
+        for run in made:
+            assert (await first.runs.get(run["thread_id"], run["run_id"]))["status"] == "success"
+        for t in threads:
+            (a_start, a_end), (b_start, b_end) = sorted(spans[t])
+            assert a_end <= b_start, f"two runs of thread {t} ran at once"
+            values = (await first.threads.get_state(t))["values"]
+            assert [m["content"] for m in values["messages"] if m["type"] == "human"] == ["go", "go"]

@@ -543,6 +543,28 @@ class PostgresStorage(Storage):
             "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = %s FOR SHARE)",
             (*run_values(row), row.thread_id)))
 
+    async def create_claimed_run(self, row: RunRow, claim: str) -> RunStatus | None:
+        # Queued with the tick's other writes (the thread's, made busy before it): no claim transaction of its
+        # own. Running only if the thread is busy (as this run's writes made it) with no other run, and its claim
+        # lock is free (no claim of it under way); a run made running elsewhere meanwhile makes the insert
+        # conflict (one running run per thread), and it goes pending. The thread's row is locked (shared) as
+        # create_run locks it: a delete of the thread waits for this commit, or has committed and nothing goes in.
+        running = replace(row, status="running", attempts=1, claim=claim)
+        thread = "SELECT 1 FROM threads WHERE thread_id = %(thread)s"
+        found = await self._write_one(
+            f"WITH free AS (SELECT 1 WHERE EXISTS ({thread} AND status = 'busy' FOR SHARE) "
+            "AND NOT EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s AND status IN ('pending', 'running')) "
+            "AND pg_try_advisory_xact_lock(%(lock)s, hashtext(%(thread)s))), "
+            f"i AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {_named('r', 18)} FROM free ON CONFLICT DO NOTHING "
+            "  RETURNING 1), "
+            f"p AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {_named('p', 18)} WHERE NOT EXISTS (SELECT 1 FROM i) "
+            f"  AND EXISTS ({thread} FOR SHARE) RETURNING 1) "
+            "SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM p)",
+            {"thread": row.thread_id, "lock": _THREAD_LOCK,
+             **{f"r{i}": v for i, v in enumerate(run_values(running))},
+             **{f"p{i}": v for i, v in enumerate(run_values(row))}})
+        return None if not found else "running" if found[0] else "pending" if found[1] else None
+
     async def get_run(self, run_id: str) -> RunRow | None:
         found = await self._one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
         return run_row(found) if found else None
@@ -1038,7 +1060,9 @@ class PostgresCoordinator(Coordinator):
         return True
 
     async def _notify(self, batch: list[str]) -> None:
-        async with self.storage.pool.connection() as conn, conn.transaction():
+        big = any(len(text.encode()) > _NOTIFY_LIMIT for text in batch)
+        # Without a payload to store, one statement (atomic all the same): one round trip instead of three.
+        async with self.storage.pool.connection() as conn, (conn.transaction() if big else contextlib.nullcontext()):
             payloads = []
             for text in batch:
                 if len(text.encode()) > _NOTIFY_LIMIT:
@@ -1189,6 +1213,11 @@ async def _lock_claims(conn: AsyncConnection, candidates: list[RunRow]) -> list[
             running[key] += 1
         claimed.append(row)
     return claimed
+
+
+def _named(prefix: str, count: int) -> str:
+    """Placeholders ``%(<prefix>0)s, …`` for ``count`` values passed by those names."""
+    return ", ".join(f"%({prefix}{i})s" for i in range(count))
 
 
 def _json_equals(column: str) -> str:

@@ -120,7 +120,7 @@ class RunQueue:
         thread.metadata = {**thread.metadata, "graph_id": assistant.graph_id, "assistant_id": row.assistant_id}
         thread.status = "busy"
         try:
-            await self._store(thread, row, new_thread=new_thread)
+            started = await self._store(thread, row, new_thread=new_thread, free=not active)
         except (StorageUnavailableError, NotFoundError):
             self.scheduler.dropped(row.run_id)
             self.cancel_here(row.run_id, "interrupt")  # its stream ends: the run was never stored
@@ -133,20 +133,24 @@ class RunQueue:
             # Newest first, so a queued run cannot start in the gap left by the running one.
             for other in reversed(active):
                 await self.cancel(other, "interrupt" if strategy == "interrupt" else "rollback", wait=True)
-        self.scheduler.kick()
+        if not started:
+            self.scheduler.kick()
         return row
 
-    async def _store(self, thread: ThreadRow, row: RunRow, *, new_thread: bool) -> None:
-        """Store the run and its thread, busy: in one transaction where the backend groups a tick's writes."""
+    async def _store(self, thread: ThreadRow, row: RunRow, *, new_thread: bool, free: bool) -> bool:
+        """Store the run and its thread, busy: in one transaction where the backend groups a tick's writes.
+        On a ``free`` thread the run may be claimed in it, and started: returns whether it was."""
         created = False
+        store = self.scheduler.store(row, free_thread=free)
         if new_thread:
-            created, stored = await asyncio.gather(self.storage.create_thread(thread), self.storage.create_run(row))
+            created, stored = await asyncio.gather(self.storage.create_thread(thread), store)
         else:
-            _, stored = await asyncio.gather(self._mark_busy(thread, row), self.storage.create_run(row))
-        if not stored:  # the thread was deleted since it was read
+            _, stored = await asyncio.gather(self._mark_busy(thread, row), store)
+        if stored is None:  # the thread was deleted since it was read
             raise NotFoundError(f"Thread with ID {thread.thread_id} not found")
-        if new_thread and not created:  # made meanwhile by another request
+        if new_thread and not created and stored == "pending":  # made meanwhile by another request (running: busy)
             await self._mark_busy(thread, row)
+        return stored == "running"
 
     async def _mark_busy(self, thread: ThreadRow, row: RunRow) -> None:
         await self.storage.update_thread(thread.thread_id, status="busy", metadata=thread.metadata,

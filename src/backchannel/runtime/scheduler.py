@@ -17,12 +17,14 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from backchannel._clock import now_iso
+from backchannel._ids import new_id
 from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.peers import Peers
-from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow
+from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow, RunStatus
 from backchannel.runtime.storage import RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 
@@ -57,6 +59,8 @@ class Scheduler:
         # Runs created (or taken over) here that have not started: a run that ends makes the
         # scheduler look for more only while some wait (others' runs are theirs to start).
         self._unstarted: set[str] = set()
+        # Runs queued here being stored and claimed in the same write (each holds one of the free slots).
+        self._inserting: set[str] = set()
         # Runs whose database went away as they executed here: they start again once it answers.
         self._stranded: dict[str, RunRow] = {}
         self._wake = asyncio.Event()
@@ -65,7 +69,7 @@ class Scheduler:
         self.sweep_interval = sweep_interval
         self._swept_at = time.monotonic()
         self._sweeping: asyncio.Task[None] | None = None
-        self._claiming: asyncio.Event | None = None  # set once the runs being claimed now have started
+        self._claims: set[asyncio.Event] = set()  # claims under way, each set once its runs have started
 
     # -- what the other parts tell it
 
@@ -95,13 +99,14 @@ class Scheduler:
     def dropped(self, run_id: str) -> None:
         """A run queued here was cancelled before it started."""
         self._unstarted.discard(run_id)
+        self._inserting.discard(run_id)
         self._contexts.pop(run_id, None)
         self._cancel_actions.pop(run_id, None)
 
     # -- what they ask it
 
     def is_unstarted(self, run_id: str) -> bool:
-        return run_id in self._unstarted
+        return run_id in self._unstarted or run_id in self._inserting
 
     def is_executing(self, run_id: str) -> bool:
         """Whether the run executes in this process now."""
@@ -118,7 +123,7 @@ class Scheduler:
         if task is not None:
             self._cancel_actions[run_id] = action
             _cancel(task)
-        elif run_id in self._unstarted:  # its claim may be under way: it is cancelled as it starts
+        elif self.is_unstarted(run_id):  # its claim may be under way: it is cancelled as it starts
             self._cancel_actions[run_id] = action
         return task
 
@@ -151,7 +156,7 @@ class Scheduler:
             self._sweep_if_due()
             try:
                 await self._restart_stranded()
-                free = self.max_concurrency - len(self._tasks)
+                free = self._free()
                 now = asyncio.get_running_loop().time()
                 if free > 0 and (self._kicked or self._unstarted or now - looked >= _IDLE_LOOK):
                     self._kicked, looked = False, now
@@ -191,21 +196,57 @@ class Scheduler:
             task.cancel()
         return task
 
+    def _free(self) -> int:
+        return self.max_concurrency - len(self._tasks) - len(self._inserting)
+
+    async def store(self, row: RunRow, *, free_thread: bool) -> RunStatus | None:
+        """Store a run queued here (see :meth:`queued`). On a ``free_thread`` (no other run of it is known), due
+        now, with a slot free, it is claimed in the same write where the storage can, and started: ``"running"``.
+        Else it waits for a claim (the caller kicks the scheduler once it may start): ``"pending"``. ``None``:
+        not stored, its thread is gone."""
+        if not (free_thread and row.concurrency_key is None and row.scheduled_at <= row.created_at
+                and self._free() > 0 and row.run_id in self._unstarted):
+            return "pending" if await self.storage.create_run(row) else None
+        token = new_id()
+        self._unstarted.discard(row.run_id)
+        self._inserting.add(row.run_id)
+        claiming = asyncio.Event()
+        self._claims.add(claiming)
+        try:
+            stored = await self.storage.create_claimed_run(row, token)
+        except StorageUnavailableError:
+            # Its commit may have happened all the same: the run then starts once the database answers.
+            self._inserting.discard(row.run_id)
+            self.stranded(replace(row, status="running", attempts=1, claim=token))
+            raise
+        finally:
+            self._claims.discard(claiming)
+            claiming.set()
+        if stored == "running":
+            self._inserting.discard(row.run_id)
+            self._start(replace(row, status="running", attempts=1, claim=token))
+        elif row.run_id in self._inserting:  # not cancelled meanwhile
+            self._inserting.discard(row.run_id)
+            if stored == "pending":  # it waits for a claim
+                self._unstarted.add(row.run_id)
+        return stored
+
     async def _claim(self, limit: int) -> None:
         # Claimed runs show as running before they start here (the claim is read before its commit is
         # answered): whoever would cancel one then waits for them to start (see started_claims).
-        claiming = self._claiming = asyncio.Event()
+        claiming = asyncio.Event()
+        self._claims.add(claiming)
         try:
             for row in await self.storage.claim_runs(self.worker_id, limit, now_iso()):
                 self._start(row)
         finally:
-            self._claiming = None
+            self._claims.discard(claiming)
             claiming.set()
 
     async def started_claims(self) -> None:
         """Wait until the runs being claimed now, if any, have started here (their tasks exist)."""
-        if self._claiming is not None:
-            await self._claiming.wait()
+        for claiming in list(self._claims):
+            await claiming.wait()
 
     async def _restart_stranded(self) -> None:
         for run_id, row in list(self._stranded.items()):
