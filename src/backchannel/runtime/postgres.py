@@ -255,8 +255,10 @@ class PostgresStorage(Storage):
         self.url = _psycopg_url(url)
         self.max_connections = max_connections
         self._pool: ConnectionPool | None = None
-        self._writes: list[_Write] = []  # queued for the next batch
+        self._writes: list[_Statement] = []  # queued for the next batch
+        self._reads: list[_Statement] = []  # made in this tick, sent together once it ends
         self._writer: asyncio.Task[None] | None = None
+        self._readers: set[asyncio.Task[None]] = set()
 
     @property
     def pool(self) -> ConnectionPool:
@@ -276,6 +278,8 @@ class PostgresStorage(Storage):
     async def close(self) -> None:
         if self._writer is not None:
             await asyncio.wait([self._writer])  # the writes already made
+        if self._readers:
+            await asyncio.wait(self._readers)
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
@@ -285,11 +289,15 @@ class PostgresStorage(Storage):
     # and a round trip for all), one batch after the other so they apply in the order they were made.
     # A writer gets its answer once its batch is committed; a cancelled writer's write still happens.
 
-    async def _one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> tuple[Any, ...] | None:
-        return await self._fetch(sql, params, "one")
+    async def _one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *,
+                   batched: bool = True) -> tuple[Any, ...] | None:
+        """One row, by key (batched with the tick's other reads: see _fetch), or a count (not batched)."""
+        return await self._fetch(sql, params, "one", batched)
 
-    async def _all(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:
-        return await self._fetch(sql, params, "all")
+    async def _all(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *,
+                   batched: bool = False) -> list[tuple[Any, ...]]:
+        """Rows: lists and searches go alone (a slow one holds no other read), a few rows by key may be batched."""
+        return await self._fetch(sql, params, "all", batched)
 
     async def _write(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
         """Run one statement; returns how many rows it changed."""
@@ -303,7 +311,7 @@ class PostgresStorage(Storage):
         if self._pool is None:
             raise RuntimeError("the storage is not open")
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._writes.append(_Write(sql, params, what, done))
+        self._writes.append(_Statement(sql, params, what, done))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.ensure_future(self._write_batches())
         return done
@@ -316,14 +324,41 @@ class PostgresStorage(Storage):
                 async with self.pool.connection() as conn:
                     await _run_batch(conn, batch)
             except BaseException as exc:  # no connection (or the storage closed): every write of the batch fails
-                _fail_writes(batch, exc if isinstance(exc, Exception) else
+                _fail_all(batch, exc if isinstance(exc, Exception) else
                              StorageUnavailableError("the storage closed before the write was made"))
                 if not isinstance(exc, Exception):
                     raise
 
-    async def _fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any], what: str) -> Any:
-        async with self.pool.connection() as conn:
-            return await _result(await conn.execute(sql, params), what)
+    async def _fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any], what: str,
+                     batched: bool = False) -> Any:
+        if not batched:
+            async with self.pool.connection() as conn:
+                return await _result(await conn.execute(sql, params), what)
+        # Quick reads made in one tick go together, pipelined on one connection (a round trip for all of them;
+        # concurrent requests' reads often come in one tick, woken by one commit or one socket read).
+        if self._pool is None:
+            raise RuntimeError("the storage is not open")
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._reads.append(_Statement(sql, params, what, done))
+        if len(self._reads) == 1:
+            asyncio.get_running_loop().call_soon(self._send_reads)
+        return await done
+
+    def _send_reads(self) -> None:
+        batch, self._reads = self._reads, []
+        task = asyncio.ensure_future(self._read_batch(batch))
+        self._readers.add(task)
+        task.add_done_callback(self._readers.discard)
+
+    async def _read_batch(self, batch: list[_Statement]) -> None:
+        try:
+            async with self.pool.connection() as conn:
+                await _run_batch(conn, batch, transaction=False)
+        except BaseException as exc:  # no connection (or the storage closed): every read of the batch fails
+            _fail_all(batch, exc if isinstance(exc, Exception) else
+                         StorageUnavailableError("the storage closed before the read was made"))
+            if not isinstance(exc, Exception):
+                raise
 
     # -- threads
 
@@ -434,10 +469,11 @@ class PostgresStorage(Storage):
                             status: ThreadStatus | None = None) -> int:
         if metadata:
             where, params = self._thread_filter(metadata, status)
-            found = await self._one(f"SELECT count(*) FROM threads WHERE {where}", params)
+            found = await self._one(f"SELECT count(*) FROM threads WHERE {where}", params, batched=False)
         else:  # the counts kept per status
             where, params = ("status = %s", [status]) if status is not None else ("TRUE", [])
-            found = await self._one(f"SELECT coalesce(sum(n), 0) FROM thread_counts WHERE {where}", params)
+            found = await self._one(f"SELECT coalesce(sum(n), 0) FROM thread_counts WHERE {where}", params,
+                                    batched=False)
         assert found is not None
         return int(found[0])
 
@@ -519,7 +555,7 @@ class PostgresStorage(Storage):
     async def count_assistants(self, *, graph_ids: Sequence[str], graph_id: str | None = None,
                                name: str | None = None, metadata: dict[str, Any] | None = None) -> int:
         where, params = self._assistant_filter(graph_ids, None, graph_id, name, metadata)
-        found = await self._one(f"SELECT count(*) FROM assistants WHERE {where}", params)
+        found = await self._one(f"SELECT count(*) FROM assistants WHERE {where}", params, batched=False)
         assert found is not None
         return int(found[0])
 
@@ -885,7 +921,7 @@ class PostgresStorage(Storage):
 
     async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         rows = await self._all("SELECT key, message FROM inbox WHERE thread_id = %s AND NOT delivered "
-                               "ORDER BY created_at, seq", (thread_id,))
+                               "ORDER BY created_at, seq", (thread_id,), batched=True)
         return [(key, inbox_message(message)) for key, message in rows]
 
     async def ack_inbox(self, thread_id: str, keys: Sequence[str], claim: RunClaim | None = None) -> None:
@@ -983,7 +1019,7 @@ class PostgresStorage(Storage):
 
     async def count_crons(self, *, assistant_id: str | None = None, thread_id: str | None = None,
                           metadata: dict[str, Any] | None = None) -> int:
-        found = await self._one(*_CRONS.count(assistant_id, thread_id, metadata))
+        found = await self._one(*_CRONS.count(assistant_id, thread_id, metadata), batched=False)
         assert found is not None
         return found[0]
 
@@ -1113,18 +1149,19 @@ class _ChildrenChanged(Exception):
     """A checkpoint was written after one of a run's being deleted: the deletion is rolled back."""
 
 
-class _Write(NamedTuple):
+class _Statement(NamedTuple):
     sql: str
     params: Sequence[Any] | Mapping[str, Any]
     what: str  # "rowcount", "one" or "all"
     done: asyncio.Future[Any]
 
 
-async def _run_batch(conn: AsyncConnection[Any], batch: list[_Write]) -> None:
-    """Run a batch of writes in one transaction, pipelined; if one fails, each on its own (only it fails)."""
+async def _run_batch(conn: AsyncConnection[Any], batch: list[_Statement], *, transaction: bool = True) -> None:
+    """Run a batch of statements pipelined, writes in one transaction; if one fails, each on its own (only it
+    fails)."""
     if len(batch) > 1:
         try:
-            async with conn.pipeline(), conn.transaction():
+            async with conn.pipeline(), (conn.transaction() if transaction else contextlib.nullcontext()):
                 cursors = [await conn.execute(w.sql, w.params) for w in batch]
             results = [await _result(c, w.what) for c, w in zip(cursors, batch)]
         except psycopg.Error:
@@ -1145,7 +1182,7 @@ async def _run_batch(conn: AsyncConnection[Any], batch: list[_Write]) -> None:
                 write.done.set_result(result)
 
 
-def _fail_writes(batch: list[_Write], exc: Exception) -> None:
+def _fail_all(batch: list[_Statement], exc: Exception) -> None:
     for write in batch:
         if not write.done.done():
             write.done.set_exception(exc)
