@@ -321,6 +321,22 @@ async def test_requeue_orphans_hands_dead_workers_runs_over(storage):
     assert (await storage.get_run(finished.run_id)).status == "success"
 
 
+async def test_requeue_orphans_with_a_limit_takes_the_oldest_and_leaves_the_rest_to_the_next_call(storage):
+    now = now_iso()
+    queued = []
+    for i in range(5):
+        await storage.create_thread(ThreadRow(f"q{i}", now, now))
+        row = _run(f"q{i}", worker="dead")
+        await storage.create_run(row)
+        queued.append(row.run_id)
+    assert await storage.requeue_orphans(["me"], "me", {"a": "digest-of-a"}, limit=2) == queued[:2]
+    assert [(await storage.get_thread(f"q{i}")).status for i in range(5)] == ["busy"] * 2 + ["idle"] * 3
+    assert (await storage.get_run(queued[2])).worker_id == "dead"  # not yet taken over
+    assert [row.run_id for row in await storage.claim_runs("me", 10, now_iso())] == queued[:2]  # start at once
+    assert await storage.requeue_orphans(["me"], "me", {"a": "digest-of-a"}) == queued[2:]
+    assert {(await storage.get_run(run_id)).worker_id for run_id in queued} == {"me"}
+
+
 async def test_checkpoint_chains_follow_parents_across_forks(storage):
     await storage.put_checkpoint(_checkpoint("t", 1, None))
     await storage.put_checkpoint(_checkpoint("t", 2, "c1"))

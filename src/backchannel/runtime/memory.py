@@ -316,13 +316,13 @@ class MemoryStorage(Storage):
         return True
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
-                              agents: Mapping[str, str]) -> list[str]:
+                              agents: Mapping[str, str], *, limit: int | None = None) -> list[str]:
         alive = set(alive_workers)
         digests = set(agents.values())
         orphans = sorted((r for r in self._runs.values() if r.status in ACTIVE and r.worker_id not in alive
                           and r.worker_id not in self._workers
                           and (r.agent_digest in digests if r.agent_digest else r.assistant_id in agents)),
-                         key=lambda r: self._order[r.run_id])
+                         key=lambda r: self._order[r.run_id])[:limit]
         for row in orphans:
             self._unindex(row)
             row.status, row.worker_id, row.claim = "pending", new_worker_id, None

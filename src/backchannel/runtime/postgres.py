@@ -742,15 +742,24 @@ class PostgresStorage(Storage):
         return bool(dropped and dropped[0])
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
-                              agents: Mapping[str, str]) -> list[str]:
+                              agents: Mapping[str, str], *, limit: int | None = None) -> list[str]:
+        def orphaned(runs: str) -> str:
+            return (f"{runs}.status IN ('pending', 'running') AND ({runs}.worker_id IS NULL OR (NOT "
+                    f"{runs}.worker_id = ANY(%(alive)s) AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = "
+                    f"{runs}.worker_id))) AND ({runs}.agent_digest = ANY(%(digests)s) OR ({runs}.agent_digest IS NULL "
+                    f"AND {runs}.assistant_id = ANY(%(assistants)s)))")
+
+        # The limit's look repeats the condition the update checks again on each row it locks, so runs
+        # another server took over meanwhile stay its own.
+        oldest = "" if limit is None else (
+            f" AND seq IN (SELECT o.seq FROM runs o WHERE {orphaned('o')} ORDER BY o.seq LIMIT %(limit)s)")
         rows = await self._queue(
-            "WITH r AS (UPDATE runs SET status = 'pending', worker_id = %s, claim = NULL WHERE status IN "
-            "('pending', 'running') AND (worker_id IS NULL OR (NOT worker_id = ANY(%s) AND NOT EXISTS "
-            "(SELECT 1 FROM workers w WHERE w.worker_id = runs.worker_id))) AND (agent_digest = ANY(%s) OR "
-            "(agent_digest IS NULL AND assistant_id = ANY(%s))) RETURNING seq, run_id, thread_id), "
+            f"WITH r AS (UPDATE runs SET status = 'pending', worker_id = %(new)s, claim = NULL WHERE "
+            f"{orphaned('runs')}{oldest} RETURNING seq, run_id, thread_id), "
             "t AS (UPDATE threads SET status = 'busy' WHERE status <> 'busy' AND thread_id IN "
             "(SELECT thread_id FROM r)) SELECT run_id FROM r ORDER BY seq",
-            (new_worker_id, list(alive_workers), list(agents.values()), list(agents)), "all")
+            {"new": new_worker_id, "alive": list(alive_workers), "digests": list(agents.values()),
+             "assistants": list(agents), "limit": limit}, "all")
         return [run_id for (run_id,) in rows]
 
     def coordinator(self) -> PostgresCoordinator:

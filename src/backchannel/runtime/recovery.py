@@ -70,12 +70,26 @@ class Recovery:
         alive = [w for w, (info, beat) in workers.items() if w == self.worker_id or _is_alive(info, beat, lease)]
         for dead in workers.keys() - set(alive):
             await self.storage.forget_worker(dead)
-        recovered = await self.storage.requeue_orphans(alive, self.worker_id, self._served())
-        for run_id in recovered:  # their threads are busy already (requeue_orphans)
-            self.scheduler.queued(run_id)
+        # The oldest first, as many as start at once: their claims go while the rest are taken over (with
+        # thousands queued, the rest take longer than starting the first).
+        first = max(self.scheduler.max_concurrency, 1)
+        recovered = await self._requeue(alive, limit=first)
+        if len(recovered) == first:
+            await asyncio.sleep(0)  # the scheduler, kicked, begins its claim of them
+            await self.scheduler.started_claims()  # committed on its own, not with the long statement
+            recovered += await self._requeue(alive, limit=None)
         if opening or recovered:
             await self.mail.wake_all()
         self.scheduler.kick()
+
+    async def _requeue(self, alive: list[str], *, limit: int | None) -> list[str]:
+        """Take over the runs of dead workers (at most ``limit``) and tell the scheduler."""
+        recovered = await self.storage.requeue_orphans(alive, self.worker_id, self._served(), limit=limit)
+        for run_id in recovered:  # their threads are busy already (requeue_orphans)
+            self.scheduler.queued(run_id)
+        if recovered:
+            self.scheduler.kick()
+        return recovered
 
     async def heartbeat_forever(self) -> None:
         # A loop of its own, so no other work delays a heartbeat past the lease.

@@ -838,21 +838,23 @@ class SQLiteStorage(Storage):
         return True
 
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
-                              agents: Mapping[str, str]) -> list[str]:
+                              agents: Mapping[str, str], *, limit: int | None = None) -> list[str]:
         marks = ",".join("?" * len(alive_workers))
         orphaned = (f"status IN ('pending', 'running') AND (worker_id IS NULL OR (worker_id NOT IN ({marks}) "
                     "AND worker_id NOT IN (SELECT worker_id FROM workers))) AND (agent_digest IN "
                     "(SELECT value FROM json_each(?)) OR (agent_digest IS NULL AND assistant_id IN "
                     "(SELECT value FROM json_each(?))))")
         served = (*alive_workers, dump(list(agents.values())), dump(list(agents)))
+        oldest = f"SELECT rowid FROM runs WHERE {orphaned} ORDER BY rowid LIMIT ?"
         with self._transaction() as db:
-            rows = db.execute(f"SELECT run_id, thread_id FROM runs WHERE {orphaned} ORDER BY rowid", served).fetchall()
-            db.execute(f"UPDATE runs SET status = 'pending', worker_id = ?, claim = NULL WHERE {orphaned}",
-                       (new_worker_id, *served))
+            rows = db.execute(f"UPDATE runs SET status = 'pending', worker_id = ?, claim = NULL WHERE rowid IN "
+                              f"({oldest}) RETURNING rowid, run_id, thread_id",
+                              (new_worker_id, *served, -1 if limit is None else limit)).fetchall()
+            rows.sort()  # RETURNING's order is SQLite's to choose
             db.execute("UPDATE threads SET status = 'busy' WHERE status <> 'busy' AND thread_id IN "
-                       "(SELECT value FROM json_each(?))", (dump(sorted({row[1] for row in rows})),))
+                       "(SELECT value FROM json_each(?))", (dump(sorted({row[2] for row in rows})),))
         await self._committed()
-        return [run_id for run_id, _ in rows]
+        return [run_id for _, run_id, _ in rows]
 
     # -- workers
 

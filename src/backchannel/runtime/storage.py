@@ -179,13 +179,13 @@ class RunStorage(Protocol):
 
     @abc.abstractmethod
     async def requeue_orphans(self, alive_workers: Sequence[str], new_worker_id: str,
-                              agents: Mapping[str, str]) -> list[str]:
+                              agents: Mapping[str, str], *, limit: int | None = None) -> list[str]:
         """Give the running and pending runs of workers that are neither in ``alive_workers`` nor
         registered (see :meth:`WorkerStorage.heartbeat`) to ``new_worker_id``, as pending (their
         claims no longer hold), their threads ``busy``: those of the agents it serves, ``agents``
-        (assistant id -> agent digest; a run stored without a digest goes by its assistant id).
-        Returns their run ids, oldest first. One statement or transaction whatever their number, and
-        no row read back (a restart may find thousands queued).
+        (assistant id -> agent digest; a run stored without a digest goes by its assistant id); with
+        ``limit``, the oldest ``limit`` of them only. Returns their run ids, oldest first. One statement
+        or transaction whatever their number, and no row read back (a restart may find thousands queued).
 
         The caller forgets the workers it found dead first; a worker that registered since it
         looked keeps its runs.
