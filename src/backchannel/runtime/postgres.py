@@ -749,17 +749,22 @@ class PostgresStorage(Storage):
                     f"{runs}.worker_id))) AND ({runs}.agent_digest = ANY(%(digests)s) OR ({runs}.agent_digest IS NULL "
                     f"AND {runs}.assistant_id = ANY(%(assistants)s)))")
 
-        # The limit's look repeats the condition the update checks again on each row it locks, so runs
-        # another server took over meanwhile stay its own.
-        oldest = "" if limit is None else (
-            f" AND seq IN (SELECT o.seq FROM runs o WHERE {orphaned('o')} ORDER BY o.seq LIMIT %(limit)s)")
+        params = {"new": new_worker_id, "alive": list(alive_workers), "digests": list(agents.values()),
+                  "assistants": list(agents), "limit": limit}
+        oldest = ""
+        if limit is not None:
+            # Looked up first and handed over by id: as a subquery of the update, the planner (misled by
+            # statistics from before the queue filled) compared every queued run with every one taken, 3 s
+            # with 10,000 queued. The update checks each row again, so runs another server took meanwhile
+            # stay its own.
+            params["ids"] = [run_id for (run_id,) in await self._all(
+                f"SELECT o.run_id FROM runs o WHERE {orphaned('o')} ORDER BY o.seq LIMIT %(limit)s", params)]
+            oldest = " AND run_id = ANY(%(ids)s)"
         rows = await self._queue(
             f"WITH r AS (UPDATE runs SET status = 'pending', worker_id = %(new)s, claim = NULL WHERE "
             f"{orphaned('runs')}{oldest} RETURNING seq, run_id, thread_id), "
             "t AS (UPDATE threads SET status = 'busy' WHERE status <> 'busy' AND thread_id IN "
-            "(SELECT thread_id FROM r)) SELECT run_id FROM r ORDER BY seq",
-            {"new": new_worker_id, "alive": list(alive_workers), "digests": list(agents.values()),
-             "assistants": list(agents), "limit": limit}, "all")
+            "(SELECT thread_id FROM r)) SELECT run_id FROM r ORDER BY seq", params, "all")
         return [run_id for (run_id,) in rows]
 
     def coordinator(self) -> PostgresCoordinator:
