@@ -21,11 +21,14 @@ Reducer = Callable[[Any, Any], Any]
 class MessageList(list[AnyMessage]):
     """A list of messages that knows where each id is, so replacing by id costs O(1)."""
 
-    __slots__ = ("positions", "__weakref__")
+    __slots__ = ("positions", "token_tally", "__weakref__")
 
     def __init__(self, messages: Iterable[AnyMessage | RemoveMessage] = ()) -> None:
         super().__init__()
         self.positions: dict[str, int] = {}
+        # A running count of the list's tokens, kept by whoever counts them (summarization) so that each step
+        # counts only the new messages: with the list, rather than in a table that must watch it die.
+        self.token_tally: Any = None
         for m in messages:
             self.add(m)
 

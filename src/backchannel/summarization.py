@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +32,7 @@ from backchannel.messages import (
 from backchannel.middleware import Middleware
 from backchannel.models import init_model
 from backchannel.models.base import ModelRequest
+from backchannel.state import MessageList
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -182,7 +182,6 @@ class SummarizationMiddleware(Middleware):
         self.trim_tokens_to_summarize = trim_tokens_to_summarize
         self.summary_prefix = summary_prefix
         self._chat_model: Any = None
-        self._tallies: dict[int, _Tally] = {}  # by id of a live message list; each goes with its list
 
     async def before_agent(self, state: Mapping[str, Any], ctx: Any) -> dict[str, Any] | None:
         """A run asked to compact (``{"compact": True}``): summarise now and end the run."""
@@ -218,15 +217,11 @@ class SummarizationMiddleware(Middleware):
         return reply.text.strip() or "(the summariser returned nothing)"
 
     def _tokens(self, messages: list[AnyMessage]) -> float:
-        key = id(messages)
-        tally = self._tallies.get(key)
-        if tally is None:
-            tally = _Tally()
-            try:  # however many runs are alive at once, each keeps its tally until its list is gone
-                weakref.finalize(messages, self._tallies.pop, key, None)
-            except TypeError:  # a plain list cannot be watched: count it whole each time
-                return tally.count(messages)
-            self._tallies[key] = tally
+        if not isinstance(messages, MessageList):  # a plain list keeps no tally: counted whole each time
+            return _Tally().count(messages)
+        tally = messages.token_tally
+        if not isinstance(tally, _Tally):  # kept with the list, and gone with it
+            tally = messages.token_tally = _Tally()
         return tally.count(messages)
 
 

@@ -41,6 +41,9 @@ def notification_in(value: Any) -> HumanMessage | None:
     return message if isinstance(message, HumanMessage) else None
 
 
+_NONE_TAKEN: frozenset[str] = frozenset()  # one for every inbox yet to take mail (an empty frozenset is not shared)
+
+
 class ThreadInbox:
     """The :class:`~backchannel.context.Inbox` of one active run."""
 
@@ -54,7 +57,7 @@ class ThreadInbox:
         self._messages: dict[str, AnyMessage] = dict(waiting)
         # Keys this run delivered: the same mail announced again is ignored. Until a first ack, and
         # without a waiter, an inbox holds no more than it must (thousands of subagents each have one).
-        self._taken: frozenset[str] = frozenset()
+        self._taken: frozenset[str] = _NONE_TAKEN
         self._waiters: list[asyncio.Future[None]] = []
 
     def push(self, key: str, message: AnyMessage) -> None:
