@@ -254,6 +254,9 @@ async def test_a_claim_fences_every_write_of_its_run(storage):
     await storage.put_pending_write("t", "call_1", {"update": {}, "direct": False}, _claim(held))
     await storage.clear_pending_writes("t", _claim(held))
     await storage.ack_inbox("t", ["k1"], _claim(held))
+    # a held claim's write with nothing to change is no lost run
+    await storage.clear_pending_writes("t", _claim(held))
+    await storage.ack_inbox("t", ["k1", "unknown"], _claim(held))
     await storage.finish_run(RunEnd(lost.run_id, "t", "success", "idle", now_iso(), claim=held.claim))
     assert (await storage.get_run(lost.run_id)).status == "success"
     assert [c.checkpoint_id for c in await storage.list_checkpoints("t")] == ["c2", "c1"]

@@ -97,6 +97,8 @@ _NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT json_extract(c.metadata, '$.pare
                     "JOIN threads c ON c.thread_id = r.thread_id WHERE r.status IN ('pending', 'running') "
                     "AND json_extract(c.metadata, '$.parent_thread_id') IS NOT NULL) "
                     "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
+# A run's claim holds (its run_id and token follow as parameters).
+_HELD = "EXISTS (SELECT 1 FROM runs WHERE run_id = ? AND claim = ? AND status = 'running')"
 _CHAIN_SLICE = 500  # checkpoint rows read per query: a long chain's read yields to other requests between
 _CRONS = CronSQL("?", metadata_equals=lambda key, value: ("json_extract(metadata, ?) IS json_extract(?, '$')",
                                                          [f'$."{key}"', dump(value)]),
@@ -771,17 +773,23 @@ class SQLiteStorage(Storage):
     def _hold(db: sqlite3.Connection, claim: RunClaim | None) -> None:
         """Within the tick's transaction (no other process writes meanwhile): raise LostRunError unless the
         run is running under ``claim``."""
-        if claim is not None and db.execute("SELECT 1 FROM runs WHERE run_id = ? AND claim = ? AND status = "
-                                            "'running'", claim).fetchone() is None:
+        if claim is not None and db.execute(f"SELECT {_HELD}", claim).fetchone()[0] == 0:
             raise LostRunError(f"run {claim.run_id} is no longer this process's to run")
 
     async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any]) -> int:
-        """Run one statement of a run's, if its claim holds; returns the rows it changed."""
+        """Run one statement of a run's, if its claim holds; returns the rows it changed.
+
+        ``sql`` ends in a condition ``{held}``: the claim's check, so check and write are one statement
+        (atomic by itself, no savepoint). Only when it changed nothing is the claim read again, to tell a
+        lost run from a write with nothing to change.
+        """
         if claim is None:
-            return await self._write(sql, params)
-        with self._transaction() as db:
-            self._hold(db, claim)
-            changed = db.execute(sql, params).rowcount
+            return await self._write(sql.format(held="1"), params)
+        db = self._begin()
+        with self._unavailable():
+            changed = db.execute(sql.format(held=_HELD), (*params, *claim)).rowcount
+            if changed == 0:
+                self._hold(db, claim)
         await self._committed()
         return changed
 
@@ -793,11 +801,13 @@ class SQLiteStorage(Storage):
 
     async def finish_run(self, end: RunEnd) -> bool:
         with self._transaction() as db:
-            if end.claim is not None:
-                self._hold(db, RunClaim(end.run_id, end.claim))
-            db.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, usage = ? WHERE run_id = ?",
-                       (end.status, dump(end.error) if end.error else None, end.updated_at,
-                        dump(end.usage) if end.usage else None, end.run_id))
+            # The claim's check is the run's own update (its first write: nothing to undo when it fails).
+            ended = db.execute("UPDATE runs SET status = ?, error = ?, updated_at = ?, usage = ? WHERE run_id = ? "
+                               "AND (? IS NULL OR (claim = ? AND status = 'running'))",
+                               (end.status, dump(end.error) if end.error else None, end.updated_at,
+                                dump(end.usage) if end.usage else None, end.run_id, end.claim, end.claim))
+            if ended.rowcount == 0 and end.claim is not None:
+                raise LostRunError(f"run {end.run_id} is no longer this process's to run")
             if end.spans is not None:
                 db.execute("INSERT OR REPLACE INTO run_spans VALUES (?, ?, ?)",
                            (end.run_id, end.thread_id, dump(end.spans)))
@@ -880,11 +890,11 @@ class SQLiteStorage(Storage):
                              parent_seq: int | None = None) -> bool:
         values = checkpoint_values(row)
         if parent_seq is None:
-            await self._fenced(claim, "INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?)", values)
+            await self._fenced(claim, "INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE {held}", values)
             return True
         return bool(await self._fenced(
             claim, "INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM checkpoints "
-            "WHERE thread_id = ? AND seq = ? AND checkpoint_id = ?)",
+            "WHERE thread_id = ? AND seq = ? AND checkpoint_id = ?) AND {held}",
             (*values, row.thread_id, parent_seq, row.parent_id)))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
@@ -981,7 +991,7 @@ class SQLiteStorage(Storage):
 
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
                                 claim: RunClaim | None = None) -> None:
-        await self._fenced(claim, "INSERT OR REPLACE INTO pending_writes VALUES (?,?,?)",
+        await self._fenced(claim, "INSERT OR REPLACE INTO pending_writes SELECT ?,?,? WHERE {held}",
                            (thread_id, key, dumps(value)))
 
     async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
@@ -989,7 +999,7 @@ class SQLiteStorage(Storage):
         return {key: json.loads(value) for key, value in rows.fetchall()}
 
     async def clear_pending_writes(self, thread_id: str, claim: RunClaim | None = None) -> None:
-        await self._fenced(claim, "DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
+        await self._fenced(claim, "DELETE FROM pending_writes WHERE thread_id = ? AND {held}", (thread_id,))
 
     # -- inbox
 
@@ -1004,7 +1014,7 @@ class SQLiteStorage(Storage):
 
     async def ack_inbox(self, thread_id: str, keys: Sequence[str], claim: RunClaim | None = None) -> None:
         await self._fenced(claim, "UPDATE inbox SET delivered = 1 WHERE thread_id = ? AND key IN "
-                           "(SELECT value FROM json_each(?))", (thread_id, dump(list(keys))))
+                           "(SELECT value FROM json_each(?)) AND {held}", (thread_id, dump(list(keys))))
 
     async def threads_with_mail(self) -> list[str]:
         rows = self.db.execute("SELECT DISTINCT thread_id FROM inbox WHERE delivered = 0")
