@@ -49,6 +49,7 @@ class Mail:
         self._waking: dict[str, str] = {}  # thread id -> the wake-up run queued or executing here
         self._refills: set[asyncio.Task[Any]] = set()
         self._unwoken: dict[str, str | None] = {}  # thread id -> assistant id, of wake-ups to try again
+        self._queuing: set[str] = set()  # thread ids whose wake-up is being looked at or queued
 
     async def deliver(self, thread_id: str, message: AnyMessage, *, key: str,
                       assistant_id: str | None = None) -> bool:
@@ -119,11 +120,18 @@ class Mail:
 
         If the database cannot be reached, the wake-up is tried again by :meth:`retry_wakes`.
         """
+        if thread_id in self._queuing:
+            # Another call is queuing the thread's wake-up run, which reads the stored mail as it starts (if it
+            # fails, retry_wakes tries again): a fan-out's results coming together wake the thread once.
+            return
+        self._queuing.add(thread_id)
         try:
             await self._wake(thread_id, assistant_id)
         except StorageUnavailableError:
             self._unwoken[thread_id] = assistant_id
             raise
+        finally:
+            self._queuing.discard(thread_id)
         self._unwoken.pop(thread_id, None)
 
     async def retry_wakes(self) -> None:
