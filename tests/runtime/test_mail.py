@@ -27,3 +27,34 @@ async def test_mail_arriving_together_wakes_an_idle_thread_once(store_url):
         assert all(r["status"] == "success" for r in runs)
         # the first run and one wake-up run (a second if some mail came just as the first ended): not one each
         assert len(runs) <= 3
+
+
+async def test_mail_coming_while_a_wake_up_looks_is_heard(store_url):
+    """Mail that comes while another wake-up looks at the thread is heard: that look may predate it (the run it
+    found active can end before the mail comes), so it looks again rather than taking the mail as seen."""
+    async with LocalRuntime(store_url, agents={"agent": echo_agent()}) as rt:
+        tid = (await rt.threads.create())["thread_id"]
+        await rt.runs.wait(tid, "agent", input=user("hi"))
+        storage = rt.storage
+        active_runs = storage.active_runs
+        looking, go_on = asyncio.Event(), asyncio.Event()
+
+        async def stale_look(thread_id):
+            if go_on.is_set():
+                return await active_runs(thread_id)
+            looking.set()  # the first look: it finds a run active, which ends before the next mail comes
+            await go_on.wait()
+            return ["a run that has ended since"]
+
+        storage.active_runs = stale_look
+        first = asyncio.create_task(rt.deliver(tid, HumanMessage("result 1", id="r1"), key="k1"))
+        await looking.wait()
+        assert await rt.deliver(tid, HumanMessage("result 2", id="r2"), key="k2")
+        go_on.set()
+        assert await first
+
+        async def answered():
+            state = await rt.threads.get_state(tid)
+            return [c for c in contents(state["values"]) if c.startswith("result")] == ["result 1", "result 2"]
+
+        await eventually(answered, timeout=10)

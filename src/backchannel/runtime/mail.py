@@ -49,7 +49,8 @@ class Mail:
         self._waking: dict[str, str] = {}  # thread id -> the wake-up run queued or executing here
         self._refills: set[asyncio.Task[Any]] = set()
         self._unwoken: dict[str, str | None] = {}  # thread id -> assistant id, of wake-ups to try again
-        self._queuing: set[str] = set()  # thread ids whose wake-up is being looked at or queued
+        # thread id -> whether mail came while its wake-up was being looked at or queued (look again after)
+        self._queuing: dict[str, bool] = {}
 
     async def deliver(self, thread_id: str, message: AnyMessage, *, key: str,
                       assistant_id: str | None = None) -> bool:
@@ -121,17 +122,23 @@ class Mail:
         If the database cannot be reached, the wake-up is tried again by :meth:`retry_wakes`.
         """
         if thread_id in self._queuing:
-            # Another call is queuing the thread's wake-up run, which reads the stored mail as it starts (if it
-            # fails, retry_wakes tries again): a fan-out's results coming together wake the thread once.
+            # Another call is looking at the thread or queuing its wake-up run (which reads the stored mail as
+            # it starts): it looks once more when done, since its look may predate this mail (a run it saw
+            # active may have ended before this mail came). A fan-out's results coming together wake it once.
+            self._queuing[thread_id] = True
             return
-        self._queuing.add(thread_id)
+        self._queuing[thread_id] = False
         try:
-            await self._wake(thread_id, assistant_id)
+            while True:
+                await self._wake(thread_id, assistant_id)
+                if not self._queuing[thread_id]:
+                    break
+                self._queuing[thread_id] = False
         except StorageUnavailableError:
             self._unwoken[thread_id] = assistant_id
             raise
         finally:
-            self._queuing.discard(thread_id)
+            del self._queuing[thread_id]
         self._unwoken.pop(thread_id, None)
 
     async def retry_wakes(self) -> None:
