@@ -69,13 +69,19 @@ async def test_three_servers_share_500_runs_and_survive_losing_one(tmp_path, pos
         doomed_worker = next(w for w, (info, _) in (await storage.workers()).items()
                              if info["pid"] == doomed.process.pid)
         rest = [asyncio.create_task(submit(i)) for i in range(KILL_AFTER, RUNS)]
-        # it dies with runs in hand (a fixed wait could find it with none, on a loaded machine)
+        # it dies with runs in hand (a fixed wait could find it with none, on a loaded machine): looked at while
+        # it is stopped, so none of them ends between the look and the kill (its runs take milliseconds)
+        assert doomed.process is not None
         deadline = time.monotonic() + 60
-        while len(await _sql(storage, IN_HAND, (doomed_worker,))) < 5:
+        while True:
+            doomed.process.send_signal(signal.SIGSTOP)
+            orphans = {r for (r,) in await _sql(storage, IN_HAND, (doomed_worker,))}
+            if len(orphans) >= 5:
+                break
+            doomed.process.send_signal(signal.SIGCONT)
             assert time.monotonic() < deadline, "the doomed server never had five runs in hand"
             await asyncio.sleep(0.05)
         alive = [1, 2]
-        orphans = {r for (r,) in await _sql(storage, IN_HAND, (doomed_worker,))}
         killed = datetime.now(UTC).isoformat()
         doomed.stop(signal.SIGKILL)
         await asyncio.gather(*rest)
