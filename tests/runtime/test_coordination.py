@@ -159,3 +159,62 @@ async def test_mail_for_an_idle_thread_wakes_it_once_whoever_sends_it(runtimes):
 
     await eventually(answered, timeout=5)
     assert contents((await a.threads.get_state(tid))["values"]) == ["hi", "echo: hi", "ping", "echo: ping"]
+
+
+class _LateReads:
+    """A runtime's storage as its peer messages see it, whose run reads answer only once ``gate`` is set: a
+    process that hears of a run late (a busy machine), after the run ended elsewhere. ``stale``: the read is
+    made at once and answered late (the run was under way when read); otherwise it is made late."""
+
+    def __init__(self, storage, gate: asyncio.Event, *, stale: bool) -> None:
+        self._storage = storage
+        self._gate = gate
+        self._stale = stale
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+    async def get_run(self, run_id):
+        if self._stale:
+            row = await self._storage.get_run(run_id)
+            await self._gate.wait()
+            return row
+        await self._gate.wait()
+        return await self._storage.get_run(run_id)
+
+
+@pytest.mark.parametrize("stale", [True, False], ids=["read-while-running", "read-after-the-end"])
+@pytest.mark.parametrize("modes", [["values"], ["updates"]])
+async def test_a_thread_follower_sees_the_end_state_of_a_run_that_ended_before_it_heard_of_it(runtimes, modes,
+                                                                                              stale):
+    """A run made in one runtime can end before another runtime following its thread asks for its events
+    (each runtime starts a run it stores at once): the follower still sees the run, in its own stream modes,
+    with the state it ended in."""
+    a, b = await runtimes(echo_agent(latency=0.3))
+    tid = (await a.threads.create())["thread_id"]
+    heard = asyncio.Event()
+    a.peers.storage = _LateReads(a.peers.storage, heard, stale=stale)
+    parts: list = []
+
+    async def follow() -> None:
+        async for part in a.threads.join_stream(tid):
+            parts.append((part.event, part.data))
+            if part.event == "metadata" and part.data.get("status") == "run_done":
+                return
+
+    follower = asyncio.create_task(follow())
+    await eventually(lambda: _true(a.streams.watching(tid)))
+    run = await b.runs.create(tid, "agent", input=user("late"), stream_mode=modes)
+    await asyncio.wait_for(b.runs.join(tid, run["run_id"]), 10)
+    heard.set()
+    await asyncio.wait_for(follower, 10)
+    assert parts[0] == ("metadata", {"run_id": run["run_id"], "attempt": 1})
+    assert parts[-1] == ("metadata", {"status": "run_done", "run_id": run["run_id"]})
+    if modes == ["values"]:
+        assert [contents(data)[-1] for event, data in parts if event == "values"][-1:] == ["echo: late"]
+    else:  # the run's updates went unrecorded (nobody followed it as it ran); values were not asked for
+        assert [event for event, _ in parts if event not in ("metadata", "updates")] == []
+
+
+async def _true(value: bool) -> bool:
+    return value

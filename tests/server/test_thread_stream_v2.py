@@ -223,10 +223,6 @@ async def test_the_websocket_needs_the_api_key_when_the_server_has_one(tmp_path)
         assert output["messages"][-1]["content"] == "echo: hi"
 
 
-# A known race (issue 22.2's claim on insert made it likely): a run so fast it ends before the follower's process
-# asks its executor for it is replayed without a values event (nobody wanted values while it ran). To fix: the
-# executor sends the run's final values to a watch that finds it ended. Kept running, failures tolerated until then.
-@pytest.mark.xfail(strict=False, reason="known race: a fast run ending before a remote follower's watch loses values")
 async def test_followers_on_one_server_see_the_runs_made_on_another(postgres_url):
     """Two servers on one Postgres database: a thread followed on the first (the v1 thread stream and the
     v2 event stream) shows a run made on the second, live."""

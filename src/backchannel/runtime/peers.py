@@ -207,7 +207,7 @@ class Peers:
             row = await self.storage.get_run(run_id)
         except StorageUnavailableError:
             return  # the database is gone: the run cannot start either until it is back
-        if row is not None and (row.status in ACTIVE or row.kwargs.get("stream_resumable")):
+        if row is not None:  # ended already, it is shown all the same: its executor sends how it ended
             self.streams.announce(row, self.follow(row, values=True))  # values: a follower may want them
 
     def _on_missed(self, message: dict[str, Any]) -> None:
@@ -225,7 +225,8 @@ class Peers:
         if stream is not None and self._executing(run_id):
             self._relay(run_id, stream, message["after"], message["values"])
         elif stream is not None and stream.status is not None:  # it ended here already
-            _Relay(self, run_id, stream).close(stream.status, stream.error, replay=message["after"])
+            _Relay(self, run_id, stream).close(stream.status, stream.error, replay=message["after"],
+                                               values=message["values"])
         else:
             now = time.monotonic()
             self._watched[run_id] = (now, bool(message["values"]))
@@ -273,20 +274,28 @@ class _Relay:
         self._pending: list[dict[str, Any]] = []
         self._flushing = False
         self._unsubscribe: Callable[[], None] | None = None
+        self._values = False  # a follower asked for the run's values
+        self._sent_values = False  # and it has had some (later steps' values follow, once asked for)
 
     def replay(self, after: int, values: bool) -> None:
         """Send the kept events after ``after`` (a new follower), then every event from now on."""
+        self._values = self._values or values
         self.stream.bus.wants_values = self.stream.bus.wants_values or values
         if self._unsubscribe is None:
             self.stream.keep_events()
             self._unsubscribe = self.stream.bus.subscribe(self._add)
         start = min(after, self._pending[0]["seq"] - 1) if self._pending else after  # unsent ones stay
-        self._pending = [_event_to_wire(e) for e in self.stream.events if e.seq > start]
+        self._pending = [self._to_wire(e) for e in self.stream.events if e.seq > start]
         self._schedule()
 
     def _add(self, event: Event) -> None:
-        self._pending.append(_event_to_wire(event))
+        self._pending.append(self._to_wire(event))
         self._schedule()
+
+    def _to_wire(self, event: Event) -> dict[str, Any]:
+        if event.type == "values" and not event.namespace:
+            self._sent_values = True
+        return _event_to_wire(event)
 
     def _schedule(self) -> None:
         if not self._flushing and self._pending:
@@ -299,13 +308,28 @@ class _Relay:
             events, self._pending = self._pending, []
             self.peers._send("events", run=self.run_id, events=events)
 
-    def close(self, status: RunStatus, error: dict[str, Any] | None, *, replay: int | None = None) -> None:
+    def close(self, status: RunStatus, error: dict[str, Any] | None, *, replay: int | None = None,
+              values: bool = False) -> None:
+        """Send what is left and the run's end; ``replay`` (a follower asking after the end): the kept events
+        after it, ``values``: with the run's final values."""
+        self._values = self._values or values
         if replay is not None:
-            self._pending = [_event_to_wire(e) for e in self.stream.events if e.seq > replay]
+            self._pending = [self._to_wire(e) for e in self.stream.events if e.seq > replay]
         if self._unsubscribe is not None:
             self._unsubscribe()
+        if self._values and not self._sent_values and self.stream.final_values is not None:
+            # The run ended before its values were asked for (or as they were): send the state it ended in.
+            self._pending.append(self._final_values())
         self._flush()
         self.peers._send("end", run=self.run_id, status=status, error=error)
+
+    def _final_values(self) -> dict[str, Any]:
+        stream = self.stream
+        data = dict(stream.final_values or {})
+        if stream.interrupts:
+            data["__interrupt__"] = stream.interrupts
+        thread_id = stream.final_row.thread_id if stream.final_row is not None else None
+        return _event_to_wire(Event("values", data, (), "", thread_id, self.run_id, stream.bus.seq + 1))
 
 
 class _Feed:
