@@ -142,3 +142,32 @@ async def test_a_webhook_gets_the_run_when_it_ends(client):
     payload = received[-1]
     assert payload["run_id"] == run["run_id"] and payload["status"] == "success"
     assert payload["values"]["messages"][-1]["content"] == "echo: call me"
+
+
+async def test_middleware_added_to_the_app_sees_every_body_a_run_stream_sends(tmp_path):
+    # The app's own middleware is passed by a long response's body (it acts on the start only); a user's may
+    # want the body (compressing, logging): a run stream's events must go through it like any response's.
+    seen: list[bytes] = []
+
+    class BodyRecorder:
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            async def recording(message):
+                if message["type"] == "http.response.body":
+                    seen.append(message.get("body", b""))
+                await send(message)
+
+            await self.app(scope, receive, recording)
+
+    app = create_app(LocalRuntime(f"sqlite:///{tmp_path}/state.db", {"chatty": AGENTS["chatty"]}))
+    app.add_middleware(BodyRecorder)
+    with ThreadServer(app) as live:
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            response = await http.post("/runs/stream", json={
+                "assistant_id": "chatty", "input": {"messages": [{"role": "user", "content": "hi"}]},
+                "stream_mode": ["messages-tuple", "values"]})
+    assert response.status_code == 200
+    assert response.text.count("event: messages") > 3 and "event: values" in response.text
+    assert b"".join(seen).decode() == response.text

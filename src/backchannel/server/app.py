@@ -21,7 +21,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from backchannel.server import assistants, crons, runs, store, thread_events, threads, timeline
 from backchannel.server.auth import APIKeyMiddleware
@@ -70,11 +70,26 @@ ENDPOINTS: Sequence[Endpoint] = [*META, *assistants.ENDPOINTS, *threads.ENDPOINT
 
 
 class _App(Starlette):
-    """Starlette, leaving the send it is called with in the scope for the long responses' bodies
-    (:data:`~backchannel.server.sse.BODY_SEND`): the middleware in between passes them on unchanged."""
+    """Starlette, leaving the send it is called with in the scope for long responses' bodies
+    (:data:`~backchannel.server.sse.BODY_SEND`) while its middleware is what :func:`create_app` put in:
+    each of those acts on a response's start (CORS headers, errors before it) and would only pass the
+    body's messages on (~1 µs a streamed token). Once more middleware is added (gzip, a body logger...),
+    every body goes through all of it, as in any Starlette app."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._own_middleware = list(self.user_middleware)
+        self._bodies_past_middleware = True
+
+    def build_middleware_stack(self) -> ASGIApp:
+        self._bodies_past_middleware = self.user_middleware == self._own_middleware
+        return super().build_middleware_stack()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[BODY_SEND] = send
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        if self._bodies_past_middleware:
+            scope[BODY_SEND] = send
         await super().__call__(scope, receive, send)
 
 

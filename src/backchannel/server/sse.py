@@ -14,9 +14,9 @@ connection is dropped if that is not read either
 (:mod:`backchannel.server.connections`).
 
 A response's body goes to the server's own ``send`` when the app put it in the
-scope (:data:`BODY_SEND`): the app's middleware acts on a response's start
-(CORS headers, errors before it) and passes each body message on unchanged,
-which per streamed token cost as much as the token's own work.
+scope (:data:`BODY_SEND`: it does while its middleware is its own, which acts on
+a response's start, CORS headers and errors before it, and passes each body
+message on unchanged); else through the middleware, as any response's.
 """
 
 from __future__ import annotations
