@@ -118,7 +118,8 @@ async def test_idle_parent_is_woken_and_tells_the_user_unprompted():
     expected = f"[task_id={task_id}][subagent=researcher] Completed. Result: The answer is 42."
     assert text(note) == expected
     assert note["additional_kwargs"]["task_notification"] == {
-        "task_id": task_id, "subagent": "researcher", "status": "success", "run_id": child_run["run_id"]}
+        "task_id": task_id, "subagent": "researcher", "status": "success", "run_id": child_run["run_id"],
+        "files": False}  # the task's state holds no files
     assert len(runs) == 2  # the wake run
     # The wake run's model call saw the notification and told the user without being asked.
     wake_request = model.requests[-1]

@@ -312,7 +312,7 @@ class AsyncSubAgentMiddleware(Middleware):
                 continue
             updates[note["task_id"]] = {"status": note["status"], "updated_at": now_iso()}
             ctx.emit("task", {**task, **updates[note["task_id"]]})
-            if note["status"] == "success":
+            if note["status"] == "success" and note.get("files", True):  # a task without files: nothing to read
                 files.update(await self._files_of(ctx, task, {**(state.get(FILES_KEY) or {}), **files}))
         if not updates:
             return None

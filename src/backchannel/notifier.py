@@ -17,6 +17,10 @@ A supervisor on another server (``parent_url``) gets the message over HTTP,
 through this runtime's outbox (:mod:`backchannel.runtime.outbox`). Without a
 parent context the notifier does nothing.
 
+Its marker (``additional_kwargs.task_notification``) names the task, its subagent,
+status and run, and says whether the task's state holds files (``files``): a
+supervisor sharing its workspace reads a finished task's state for them only then.
+
 The message also carries deepagents' marker
 (``additional_kwargs.deepagents_notification``), so a deepagents supervisor's
 middleware takes it as one of its own: it records the task's status and does
@@ -44,6 +48,7 @@ from backchannel.messages import AIMessage, HumanMessage, message_to_dict
 from backchannel.middleware import Middleware
 from backchannel.protocols import HostRuntime
 from backchannel.tracing import trace_context
+from backchannel.workspace.state import FILES_KEY
 
 __all__ = ["CompletionNotifier", "ParentContext", "format_notification", "notification_message"]
 
@@ -80,16 +85,20 @@ def format_notification(task_id: str, subagent: str, status: str, detail: str) -
 
 
 def notification_message(task_id: str, subagent: str, status: str, detail: str, run_id: str,
-                         trace: Mapping[str, str] | None = None) -> HumanMessage:
+                         trace: Mapping[str, str] | None = None, *, files: bool | None = None) -> HumanMessage:
     """The user message that carries a notification, with markers UIs (ours, deepagents') render specially.
 
     Its id derives from the idempotency key, so a redelivered copy replaces itself. ``trace`` is
-    the W3C trace context of the task's run, for the supervisor's trace to link to.
+    the W3C trace context of the task's run, for the supervisor's trace to link to. ``files`` says
+    whether the task's state holds files (``None``: not known), so a supervisor sharing its workspace
+    reads the task's state for them only when there are some.
     """
     key = f"{task_id}:{run_id}"
     marker: dict[str, Any] = {"task_id": task_id, "subagent": subagent, "status": status, "run_id": run_id}
     if trace:
         marker["trace_context"] = dict(trace)
+    if files is not None:
+        marker["files"] = files
     return HumanMessage(
         format_notification(task_id, subagent, status, detail),
         id=f"task-notification-{hashlib.sha1(key.encode()).hexdigest()[:24]}",
@@ -128,7 +137,8 @@ class CompletionNotifier(Middleware):
         if state.get("task_id"):  # started by backchannel: the parent context is in the input
             if state.get("parent_thread_id"):
                 await self._notify(runtime, state, ctx, notification_message(
-                    state["task_id"], ctx.agent, status, detail, ctx.run_id, trace_context()))
+                    state["task_id"], ctx.agent, status, detail, ctx.run_id, trace_context(),
+                    files=bool(state.get(FILES_KEY))))
         elif ctx.metadata.get("parent_thread_id") and ctx.thread_id is not None:  # started by deepagents
             subagent = ctx.metadata.get("subagent_name") or ctx.agent
             await self._wake_deepagents_parent(runtime, ctx, notification_message(

@@ -1,7 +1,7 @@
 """Subagents share the supervisor's workspace (or not): in the foreground with ``task``, and in the background."""
 
 import pytest
-from subagent_helpers import call, is_note, policy, quiet, start, wait_until
+from subagent_helpers import call, is_note, notes, policy, quiet, start, wait_until
 
 from backchannel import AIMessage, HumanMessage, ScriptedModel, ToolMessage
 from backchannel.deep_agent import create_deep_agent
@@ -78,6 +78,46 @@ async def test_a_background_subagent_writes_a_file_its_supervisor_then_reads():
     assert values["messages"][-1]["content"] == "The report says: 1  Report on tea"
     assert values["files"]["/report.md"]["content"] == "Report on tea"
     assert values["files"]["/topic.md"]["content"] == "tea"
+    [note] = notes(values["messages"])
+    assert note["additional_kwargs"]["task_notification"]["files"] is True
+
+
+async def test_a_task_without_files_says_so_and_its_state_is_not_read_for_them():
+    """A finished task's state is read for its files only when its notification says it holds some (reading
+    a thousand tasks' whole states cost a tenth of a fan-out's time)."""
+    def supervisor(request):
+        last = request.messages[-1]
+        if isinstance(last, HumanMessage) and not is_note(last):
+            return {"tool_calls": [start("helper", "help", "s1")]}
+        return "ok"
+
+    agent = create_deep_agent(policy(supervisor), general_purpose=False,
+                              subagents=[SubAgent("helper", "Helps.", model=ScriptedModel(["helped"]),
+                                                  background=True)])
+    async with LocalRuntime("memory", agents={"supervisor": agent}) as rt:
+        read: list[str] = []
+        get_state = rt.threads.get_state
+
+        async def spied(thread_id, *args, **kwargs):
+            read.append(thread_id)
+            return await get_state(thread_id, *args, **kwargs)
+
+        rt.threads.get_state = spied  # what the supervisor's middleware reads through its runtime
+        thread = (await rt.threads.create())["thread_id"]
+        await rt.runs.wait(thread, "supervisor", input="go")
+        await wait_until(lambda: _noted(rt, thread), timeout=10)
+        await quiet(rt, thread)
+        rt.threads.get_state = get_state
+        values = (await rt.threads.get_state(thread))["values"]
+    [note] = notes(values["messages"])
+    marker = note["additional_kwargs"]["task_notification"]
+    assert marker["status"] == "success" and marker["files"] is False
+    assert values["async_tasks"][marker["task_id"]]["status"] == "success"
+    assert marker["task_id"] not in read
+
+
+async def _noted(rt, thread):
+    return bool(notes((await rt.threads.get_state(thread))["values"]["messages"]))
 
 
 async def test_a_finished_task_does_not_undo_what_the_supervisor_wrote_meanwhile():
