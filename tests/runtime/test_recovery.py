@@ -18,6 +18,7 @@ import time
 import uuid
 
 import pytest
+from subagent_helpers import wait_until
 
 from backchannel.runtime import LocalRuntime
 from backchannel.runtime.sqlite import SQLiteStorage
@@ -260,3 +261,26 @@ async def test_a_runtime_closed_mid_run_resumes_it_at_the_next_open(tmp_path):
     ends = [line[3] for line in _read_log(tmp_path / "tools.log") if line[1] == "end"]
     assert sorted(ends) == [str(r) for r in range(1, ROUNDS + 1)]  # each step once
     assert done_before <= set(ends)
+
+
+async def test_heartbeats_go_on_while_waking_threads_with_mail_is_slow(tmp_path):
+    """Waking the threads whose mail waits for a run (after each heartbeat, and all of them once the database
+    is back from an outage) can be slow: at load 12 it took 1.5 s, and a heartbeat loop that waited for it
+    missed a 2 s lease, so the other processes took this live one for dead and ran its runs again."""
+    async with LocalRuntime(store=f"sqlite:///{tmp_path}/state.db", heartbeat_interval=0.05) as rt:
+        answered = asyncio.Event()
+
+        async def slow_wakes() -> None:  # the database slow to answer
+            await answered.wait()
+
+        rt.mail.retry_wakes = slow_wakes
+        beats: set[str] = set()
+
+        async def beating() -> bool:
+            beats.add((await rt.storage.workers())[rt.worker_id][1])
+            return len(beats) >= 4
+
+        try:
+            await wait_until(beating, 10, 0.02, "heartbeats while the wake-ups wait")
+        finally:
+            answered.set()

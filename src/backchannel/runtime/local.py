@@ -170,6 +170,7 @@ class LocalRuntime:
             self._opened = True
             self._background = [asyncio.create_task(self.scheduler.run_forever()),
                                 asyncio.create_task(self.recovery.heartbeat_forever()),
+                                asyncio.create_task(self.recovery.wake_forever()),
                                 asyncio.create_task(self.cron_scheduler.run_forever())]
             if self.peers.shared:
                 self._background.append(asyncio.create_task(self.recovery.take_over_forever()))
