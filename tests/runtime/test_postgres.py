@@ -88,3 +88,28 @@ async def test_thread_counts_summed_by_concurrent_writers_stay_exact(postgres_ur
     finally:
         for writer in writers:
             await writer.close()
+
+
+async def test_a_heartbeat_does_not_wait_behind_a_write_held_by_a_lock(postgres_url):
+    """A write waiting for another transaction's lock holds none of this process's heartbeats (queued behind
+    it, they stopped, and the other processes took this one for dead)."""
+    import psycopg
+
+    storage = open_storage(postgres_url)
+    await storage.open()
+    locker = await psycopg.AsyncConnection.connect(postgres_url)
+    try:
+        now = now_iso()
+        await storage.create_thread(ThreadRow("t", now, now))
+        async with locker.transaction():
+            await locker.execute("SELECT 1 FROM threads WHERE thread_id = 't' FOR UPDATE")
+            write = asyncio.ensure_future(storage.update_thread("t", status="busy"))
+            await asyncio.sleep(0.2)
+            assert not write.done()  # it waits for the lock
+            await asyncio.wait_for(storage.heartbeat("w", {"pid": 1}, now_iso()), 10)  # a hang without the fix
+            assert "w" in await storage.workers()
+        await write
+        assert (await storage.get_thread("t")).status == "busy"
+    finally:
+        await locker.close()
+        await storage.close()

@@ -776,9 +776,11 @@ class PostgresStorage(Storage):
     # on the time: a worker's age is handed to the caller as a time on the caller's own clock.
 
     async def heartbeat(self, worker_id: str, info: dict[str, Any], now: str) -> bool:
-        found = await self._write_one(
+        # Not queued behind this process's other writes: one waiting on another process's lock held every
+        # heartbeat after it, and others took this process for dead.
+        found = await self._fetch(
             "INSERT INTO workers VALUES (%s, %s, now()::text) ON CONFLICT (worker_id) DO UPDATE "
-            "SET heartbeat_at = excluded.heartbeat_at RETURNING xmax <> 0", (worker_id, dump(info)))
+            "SET heartbeat_at = excluded.heartbeat_at RETURNING xmax <> 0", (worker_id, dump(info)), "one")
         return bool(found and found[0])  # xmax is set on a row the upsert updated, not on one it inserted
 
     async def workers(self) -> dict[str, tuple[dict[str, Any], str]]:
