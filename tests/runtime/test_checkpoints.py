@@ -2,6 +2,7 @@
 
 import asyncio
 
+import orjson
 import pytest
 from runtime_helpers import contents, echo_agent, eventually, looping_agent, user
 
@@ -359,3 +360,63 @@ async def test_history_taken_back_from_the_cached_state_is_the_history_read_from
     assert [m["content"] for m in cached[1]["values"]["messages"]][-1] == "replaced"
     assert [m["content"] for m in cached[2]["values"]["messages"]][-1] != "replaced"
     assert "note" not in cached[-7]["values"] and cached[-8]["values"]["note"] == "a key besides messages"
+
+
+async def test_a_long_thread_is_read_from_its_nearest_base_as_it_would_be_folded_from_its_first(make_runtime,
+                                                                                                 monkeypatch):
+    from backchannel.runtime import checkpoints
+
+    monkeypatch.setattr(checkpoints, "_BASE_EVERY", 8)
+    rt = await make_runtime({"agent": echo_agent()})
+    tid = (await rt.threads.create())["thread_id"]
+    state = await rt.checkpoints.latest(tid, {})
+
+    async def write(update):
+        return await rt.checkpoints.write(tid, state, update, next_stage="", source="update", run_id=None, step=0,
+                                          reducers={})
+
+    for i in range(120):
+        await write({"messages": [HumanMessage(f"m{i} é \U0001f600 {i / 3}")]})
+        if i == 30:
+            await write({"plan": "a key besides messages"})
+        if i == 45:  # a replacement (same id), then a removal: steps that do more than append
+            await write({"messages": [HumanMessage("edited", id=state.values["messages"][10].id)]})
+        if i == 61:
+            await write({"messages": [RemoveMessage(id=state.values["messages"][20].id)]})
+    fork_from = (await rt.threads.get_history(tid, limit=40))[-1]["checkpoint_id"]
+    await rt.threads.update_state(tid, {"messages": [HumanMessage("a fork")]}, checkpoint_id=fork_from)
+    await rt.threads.update_state(tid, {"messages": [HumanMessage("after the fork")]})
+    cached = await rt.threads.get_state(tid)
+
+    chains = []
+    chain = rt.storage.checkpoint_chain
+
+    async def spied(*args, **kwargs):
+        chains.append(await chain(*args, **kwargs))
+        return chains[-1]
+
+    monkeypatch.setattr(rt.storage, "checkpoint_chain", spied)
+    rt.checkpoints.forget(tid)
+    state_read = await rt.threads.get_state(tid)
+    if type(rt.storage).__name__ != "MemoryStorage":  # a store in memory keeps no text to read
+        assert len(chains[-1]) <= 8 + 1
+    history = await rt.threads.get_history(tid, limit=1000)
+    stored_json = [await rt.threads.get_state(tid, stored_json=True),
+                   *await rt.threads.get_history(tid, limit=1000, stored_json=True)]
+    continued = rt.checkpoints.jsonable(tid, (await rt.checkpoints.latest(tid, {})).values)
+
+    async def no_bases(thread_id, seq):
+        return []
+
+    monkeypatch.setattr(rt.storage, "checkpoint_bases", no_bases)  # every state folded from the first checkpoint
+    rt.checkpoints.forget(tid)
+    folded = await rt.threads.get_history(tid, limit=1000)
+    assert state_read == cached == folded[0]
+    assert history == folded
+    assert continued == folded[0]["values"]
+    # what the server sends, its stored text spliced unparsed: the same bytes as the parsed states' encoding
+    assert orjson.dumps(stored_json) == orjson.dumps([folded[0], *folded])
+    messages = [m["content"] for m in folded[0]["values"]["messages"]]
+    assert len(folded) == 125 and messages[10] == "edited" and not any(c.startswith("m20 ") for c in messages)
+    # forked at the 84th checkpoint (81 messages written, one removed), then two more
+    assert messages[-2:] == ["a fork", "after the fork"] and len(messages) == 80 + 2

@@ -1,5 +1,6 @@
 """Schema versions on SQLite and Postgres: recorded at open, applied forward, refused when newer than the code."""
 
+import asyncio
 import sqlite3
 
 import pytest
@@ -183,5 +184,49 @@ async def test_threads_made_before_counts_were_kept_are_counted_after_the_upgrad
         await upgraded.update_thread("t1", status="busy", metadata={"user": "u9"})  # and kept from then on
         assert await upgraded.count_threads(status="busy") == 11
         assert await upgraded.count_threads(metadata={"user": "u9"}) == 1
+    finally:
+        await upgraded.close()
+
+
+async def test_a_long_thread_written_before_bases_were_kept_reads_the_same_after_the_upgrade(url, monkeypatch):
+    from backchannel.messages import HumanMessage
+    from backchannel.runtime.checkpoints import Checkpointer
+
+    storage = open_storage(url)
+    module = _module(storage)
+
+    async def write(checkpointer, texts):
+        state = await checkpointer.latest("t", {})
+        for text in texts:
+            await checkpointer.write("t", state, {"messages": [HumanMessage(text)]}, next_stage="", source="update",
+                                     run_id=None, step=0, reducers={})
+
+    async def reads(checkpointer):
+        head = await checkpointer.storage.head_checkpoint("t")
+        rows = await checkpointer.storage.list_checkpoints("t", limit=300)
+        return (await checkpointer.view("t", head.checkpoint_id, {}), await checkpointer.history("t", rows, {}),
+                await checkpointer.history("t", rows[:10], {}, text=True))
+
+    with monkeypatch.context() as before:  # the schema and the checkpointer as they were before bases
+        before.setattr(module, "_MIGRATIONS", module._MIGRATIONS[:-1])
+        before.setattr(Checkpointer, "_base_if_due", staticmethod(lambda *args: None))
+        before.setattr(type(storage), "checkpoint_bases", lambda *args: asyncio.sleep(0, []))
+        await storage.open()
+        now = now_iso()
+        await storage.create_thread(ThreadRow("t", now, now, {}))
+        await write(Checkpointer(storage), [f"m{i}" for i in range(200)])
+        written = await reads(Checkpointer(storage))
+        await storage.close()
+
+    upgraded = open_storage(url)
+    await upgraded.open()
+    try:
+        assert await reads(Checkpointer(upgraded)) == written
+        await write(Checkpointer(upgraded), [f"n{i}" for i in range(100)])  # and continued with bases
+        head = await upgraded.head_checkpoint("t")
+        assert await upgraded.checkpoint_bases("t", head.seq)
+        state, _ = await Checkpointer(upgraded).view("t", head.checkpoint_id, {})
+        expected = [f"m{i}" for i in range(200)] + [f"n{i}" for i in range(100)]
+        assert [m["content"] for m in state["messages"]] == expected
     finally:
         await upgraded.close()

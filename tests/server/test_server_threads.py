@@ -105,3 +105,46 @@ async def test_an_unknown_checkpoint_is_404(client):
     await client.runs.wait(thread["thread_id"], "echo", input=user("x"))
     with pytest.raises(NotFoundError):
         await client.threads.get_state(thread["thread_id"], checkpoint_id="no-such-checkpoint")
+
+
+async def test_a_long_thread_read_from_the_file_is_sent_as_when_cached(tmp_path):
+    """A second server on the same file reads the thread from storage (its stored text sent unparsed): the official
+    client, and the bytes on the wire, see what the server that ran it sends from its cached state."""
+    from langgraph_sdk import get_client
+    from server_agents import AGENTS
+    from server_helpers import ThreadServer
+
+    from backchannel.runtime import LocalRuntime
+    from backchannel.server import create_app, served
+
+    def serve() -> ThreadServer:
+        runtime = LocalRuntime(f"sqlite:///{tmp_path}/state.db", {"chatty": served(AGENTS["chatty"])})
+        return ThreadServer(create_app(runtime, heartbeat=0.2, grace=1.0))
+
+    async def reads(url: str, thread_id: str, before: str) -> tuple[list[object], list[bytes]]:
+        client = get_client(url=url, api_key=None)
+        try:
+            parsed = [await client.threads.get_state(thread_id),
+                      await client.threads.get_state(thread_id, checkpoint_id=before),
+                      await client.threads.get_history(thread_id, limit=10),
+                      await client.threads.get_history(thread_id, limit=5, before=before)]
+        finally:
+            await client.http.client.aclose()
+        async with httpx.AsyncClient(base_url=url) as http:
+            raw = [(await http.get(f"/threads/{thread_id}/state")).content,
+                   (await http.get(f"/threads/{thread_id}/history", params={"limit": 10})).content,
+                   (await http.post(f"/threads/{thread_id}/history", json={"limit": 3, "before": before})).content]
+        return parsed, raw
+
+    with serve() as running:
+        client = get_client(url=running.url, api_key=None)
+        thread_id = (await client.threads.create())["thread_id"]
+        await client.runs.wait(thread_id, "chatty", input=user("go"))
+        history = await client.threads.get_history(thread_id, limit=100)
+        await client.http.client.aclose()
+        before = history[70]["checkpoint_id"]
+        warm = await reads(running.url, thread_id, before)
+    with serve() as cold_server:
+        cold = await reads(cold_server.url, thread_id, before)
+    assert cold == warm
+    assert len(warm[0][0]["values"]["messages"]) == 602

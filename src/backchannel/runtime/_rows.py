@@ -17,6 +17,7 @@ from backchannel.messages import AnyMessage, RemoveMessage, message_from_dict
 from backchannel.runtime.rows import (
     ASSISTANT_SORT,
     AssistantRow,
+    CheckpointBase,
     CheckpointRow,
     CronRow,
     Delta,
@@ -29,15 +30,16 @@ from backchannel.runtime.rows import (
 )
 from backchannel.serde import json_text
 
-__all__ = ["ASSISTANT_COLUMNS", "CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES", "assistant_order",
-           "assistant_row", "assistant_values", "chain_is_whole", "checkpoint_chain", "checkpoint_row",
-           "checkpoint_values", "CronSQL", "cron_row", "cron_values", "dump", "inbox_message",
-           "item_row", "matching_namespaces", "run_row", "run_values", "thread_changes", "thread_row",
+__all__ = ["ASSISTANT_COLUMNS", "BASE_COLUMNS", "CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES",
+           "assistant_order", "assistant_row", "assistant_values", "base_chain", "base_values", "chain_is_whole",
+           "checkpoint_chain", "checkpoint_row", "checkpoint_values", "CronSQL", "cron_row", "cron_values", "dump",
+           "inbox_message", "item_row", "matching_namespaces", "run_row", "run_values", "thread_changes", "thread_row",
            "thread_values"]
 
 SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
-THREAD_TABLES = ("runs", "run_spans", "checkpoints", "pending_writes", "inbox", "crons",  # what else a thread owns
-                 "thread_ttl")
+THREAD_TABLES = ("runs", "run_spans", "checkpoints", "checkpoint_bases", "pending_writes", "inbox",  # what else
+                 "crons", "thread_ttl")  # a thread owns
+BASE_COLUMNS = "thread_id, checkpoint_id, seq, prev_id, messages, rest"
 # What SQL sorts threads by for each sortable name: a column, or when the state last changed (the
 # newest checkpoint's time; the thread's own for a thread without one).
 THREAD_SORT_SQL = {"state_updated_at": "coalesce((SELECT c.created_at FROM checkpoints c WHERE c.thread_id = "
@@ -152,6 +154,21 @@ def checkpoint_chain(rows: Iterable[tuple[Any, ...]], checkpoint_id: str) -> lis
         current = row.parent_id if not row.whole and row.parent_id in by_id else None
     chain.reverse()
     return chain
+
+
+def base_values(base: CheckpointBase) -> tuple[Any, ...]:
+    return (base.thread_id, base.checkpoint_id, base.seq, base.prev_id, base.messages, base.rest)
+
+
+def base_chain(thread_id: str, rows: Iterable[tuple[Any, ...]]) -> list[CheckpointBase]:
+    """Bases read as ``(checkpoint_id, seq, prev_id, messages, rest, depth)`` (0 the newest), oldest first; empty
+    unless each extends the next and the oldest is whole (one they extend is gone after a deletion)."""
+    bases = [CheckpointBase(thread_id, r[0], int(r[1]), r[2], r[3], r[4]) for r in sorted(rows, key=lambda r: r[5])]
+    linked = all(newer.prev_id == older.checkpoint_id for newer, older in zip(bases, bases[1:]))
+    if not bases or not linked or bases[-1].prev_id is not None:
+        return []
+    bases.reverse()
+    return bases
 
 
 def chain_is_whole(chain: list[CheckpointRow]) -> bool:

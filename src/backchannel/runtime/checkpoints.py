@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
+
 from backchannel._clock import now_iso
 from backchannel.errors import ConflictError, NotFoundError
 from backchannel.events import Event, EventBus
@@ -36,7 +38,7 @@ from backchannel.messages import (
     new_id,
 )
 from backchannel.runtime._readonly import read_only
-from backchannel.runtime.rows import CheckpointRow, Delta, RunClaim, delta_text
+from backchannel.runtime.rows import CheckpointBase, CheckpointRow, Delta, RunClaim, delta_text
 from backchannel.runtime.storage import CheckpointStorage
 from backchannel.serde import dumps, loads, to_jsonable
 from backchannel.state import MessageList, Reducer, apply_update, snapshot
@@ -48,6 +50,7 @@ _LOOK_FROM = 64 * 1024  # bytes: below this, a state's fold is cheap whatever it
 _DELETE_TRIES = 5  # a run's checkpoints deleted while others are written after them: tries
 _FOLD_SLICE = 512  # checkpoints folded between two chances for other tasks to run
 _COUNTS_KEPT = 128  # newest checkpoints whose message counts a cached state keeps
+_BASE_EVERY = 64  # checkpoints between two bases: what a read of a long thread folds at most
 
 
 @dataclass(slots=True)
@@ -61,6 +64,9 @@ class ThreadState:
     looked: int = 0  # ``folded`` when the state's own size was last compared with it
     rendered: dict[str, tuple[AnyMessage, dict[str, Any]]] = field(default_factory=dict)  # by message id
     counts: dict[str, int] = field(default_factory=dict)  # messages at its latest checkpoints (by id), oldest first
+    base_id: str | None = None  # the checkpoint of the nearest base on its chain, when the steps since only appended
+    base_count: int = 0  # messages at that base
+    since_base: int = 0  # checkpoints since that base (or since where its read started, without one)
 
     def count(self, row: CheckpointRow) -> None:
         """Note how many messages the state holds at ``row`` (what a history taken back from it needs)."""
@@ -104,16 +110,28 @@ class Checkpointer:
 
     async def at(self, thread_id: str, checkpoint_id: str, reducers: Mapping[str, Reducer], *,
                  seq: int | None = None) -> ThreadState:
-        """The thread's state at ``checkpoint_id`` (a fresh copy, folded from the deltas)."""
-        chain = await self._chain(thread_id, checkpoint_id, seq)
+        """The thread's state at ``checkpoint_id`` (a fresh copy, folded from its nearest base and the deltas since,
+        or without one from the nearest whole checkpoint or the first)."""
+        bases, chain = await self._start(thread_id, checkpoint_id, seq)
+        if not chain:
+            raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
         first = chain[0]
-        if first.whole:
-            values = _whole_values(first.delta)
+        folded = sum(len(delta_text(r.delta)) for r in chain[1:])
+        if bases:
+            values = _whole_values(_base_json(bases))
+            based = sum(len(b.messages) for b in bases) + len(bases[-1].rest)
+            state = ThreadState(values, chain[-1], folded=based + folded, looked=based + folded,
+                                base_id=first.checkpoint_id, base_count=len(values["messages"]),
+                                since_base=len(chain) - 1)
         else:
-            values = empty_state()
-            apply_update(values, first.delta, reducers)
-        state = ThreadState(values, chain[-1], folded=sum(len(delta_text(r.delta)) for r in chain),
-                            looked=len(delta_text(first.delta)) if first.whole else 0)
+            if first.whole:
+                values = _whole_values(first.delta)
+            else:
+                values = empty_state()
+                apply_update(values, first.delta, reducers)
+            first_size = len(delta_text(first.delta))
+            state = ThreadState(values, chain[-1], folded=first_size + folded,
+                                looked=first_size if first.whole else 0, since_base=len(chain))
         counted = len(chain) - _COUNTS_KEPT
         if counted <= 0:
             state.count(first)
@@ -123,10 +141,10 @@ class Checkpointer:
                 state.count(row)
         return state
 
-    async def current(self, thread_id: str,
-                      reducers: Mapping[str, Reducer]) -> tuple[dict[str, Any], CheckpointRow | None]:
+    async def current(self, thread_id: str, reducers: Mapping[str, Reducer], *,
+                      text: bool = False) -> tuple[dict[str, Any], CheckpointRow | None]:
         """The thread's newest state as JSON values, with its checkpoint: rendered from the cached state when
-        there is one, else folded as JSON (a read builds no message objects)."""
+        there is one, else read (a read builds no message objects; with ``text``, see :meth:`view`)."""
         head = await self.storage.head_checkpoint(thread_id)
         if head is None:
             return {}, None
@@ -134,28 +152,33 @@ class Checkpointer:
         if cached is not None and _same(cached.head, head):
             self._latest.move_to_end(thread_id)
             return self.jsonable(thread_id, cached.values), head
-        return await self.view(thread_id, head.checkpoint_id, reducers, seq=head.seq)
+        return await self.view(thread_id, head.checkpoint_id, reducers, seq=head.seq, text=text)
 
     async def view(self, thread_id: str, checkpoint_id: str, reducers: Mapping[str, Reducer], *,
-                   seq: int | None = None) -> tuple[dict[str, Any], CheckpointRow]:
-        """The thread's state at ``checkpoint_id`` as JSON values, with its checkpoint (a read: no objects built)."""
-        chain = await self._chain(thread_id, checkpoint_id, seq)
-        [values] = await _fold_json(chain, reducers, {checkpoint_id})
+                   seq: int | None = None, text: bool = False) -> tuple[dict[str, Any], CheckpointRow]:
+        """The thread's state at ``checkpoint_id`` as JSON values, with its checkpoint (a read: no objects built).
+        With ``text``, its messages may be one ``orjson.Fragment`` of their stored JSON text, unparsed: for a
+        caller that only encodes them."""
+        bases, chain = await self._start(thread_id, checkpoint_id, seq)
+        if not chain:
+            raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
+        [values] = await _fold(bases, chain, reducers, {checkpoint_id}, text)
         return values, chain[-1]
 
-    async def history(self, thread_id: str, rows: list[CheckpointRow],
-                      reducers: Mapping[str, Reducer]) -> list[tuple[CheckpointRow, dict[str, Any]]]:
+    async def history(self, thread_id: str, rows: list[CheckpointRow], reducers: Mapping[str, Reducer], *,
+                      text: bool = False) -> list[tuple[CheckpointRow, dict[str, Any]]]:
         """The thread's state at each of ``rows`` (its checkpoints, newest first) as JSON values, with its row:
         taken back from the cached state while the steps between only appended messages, the others folded
-        forward once along their chain, from the nearest whole checkpoint before them. A row no longer stored
-        (pruned since it was listed) is left out."""
+        forward once along their chain, from the nearest base or whole checkpoint before them (``text``: see
+        :meth:`view`). A row no longer stored (pruned since it was listed) is left out."""
         wanted = {r.checkpoint_id for r in rows}
         found = self._unfolded(thread_id, rows)
         for target in rows:
             if target.checkpoint_id not in found:
-                chain = await self.storage.checkpoint_chain(thread_id, target.checkpoint_id, target.seq)
+                await asyncio.sleep(0)  # each fold of a long thread's history alone: other requests run between
+                bases, chain = await self._start(thread_id, target.checkpoint_id, target.seq)
                 on_chain = [r.checkpoint_id for r in chain if r.checkpoint_id in wanted - found.keys()]
-                found.update(zip(on_chain, await _fold_json(chain, reducers, set(on_chain)), strict=True))
+                found.update(zip(on_chain, await _fold(bases, chain, reducers, set(on_chain), text), strict=True))
         return [(r, found[r.checkpoint_id]) for r in rows if r.checkpoint_id in found]
 
     def _unfolded(self, thread_id: str, rows: list[CheckpointRow]) -> dict[str, dict[str, Any]]:
@@ -176,11 +199,22 @@ class Checkpointer:
             found[older.checkpoint_id] = {**values, "messages": messages[:kept]}
         return found
 
-    async def _chain(self, thread_id: str, checkpoint_id: str, seq: int | None) -> list[CheckpointRow]:
-        chain = await self.storage.checkpoint_chain(thread_id, checkpoint_id, seq)
-        if not chain:
-            raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
-        return chain
+    async def _start(self, thread_id: str, checkpoint_id: str,
+                     seq: int | None) -> tuple[list[CheckpointBase], list[CheckpointRow]]:
+        """What the state at a checkpoint is folded from: the nearest base on its chain (with those it extends)
+        and the checkpoints from the base's own, or without one the checkpoints from the nearest whole one or the
+        first. An empty chain: no such checkpoint."""
+        if seq is None:
+            row = await self.storage.get_checkpoint(thread_id, checkpoint_id)
+            if row is None:
+                return [], []
+            seq = row.seq
+        bases = await self.storage.checkpoint_bases(thread_id, seq)
+        if bases:
+            chain = await self.storage.checkpoint_chain(thread_id, checkpoint_id, seq, since=bases[-1].seq)
+            if chain and chain[0].checkpoint_id == bases[-1].checkpoint_id:
+                return bases, chain
+        return [], await self.storage.checkpoint_chain(thread_id, checkpoint_id, seq)
 
     def jsonable(self, thread_id: str, values: Mapping[str, Any]) -> dict[str, Any]:
         """``values`` (a state of the thread) as JSON-able data. Each message is rendered once while the
@@ -234,10 +268,14 @@ class Checkpointer:
 
         A run writes under its ``claim``: :class:`~backchannel.errors.LostRunError` if it no longer holds.
         """
+        # The messages before the step: counted now, or when the state was at its head (the caller merged it).
+        before = (len(state.values.get("messages") or ()) if apply else
+                  0 if state.head is None else state.counts.get(state.head.checkpoint_id))
         if apply:
             apply_update(state.values, update, reducers)
         seq = state.seq + 1
-        if not state.newest:
+        fork = not state.newest
+        if fork:
             # A fork from an earlier checkpoint: append after the newest.
             newest = await self.storage.head_checkpoint(thread_id)
             seq = max(seq, newest.seq + 1) if newest is not None else seq
@@ -249,18 +287,40 @@ class Checkpointer:
             thread_id, new_id(), parent.checkpoint_id if parent else None, seq, run_id,
             delta if whole is None else whole, next_stage, {"source": source, "step": step}, now_iso(),
             whole is not None)
-        if not await self.storage.put_checkpoint(row, claim,
+        base = None if row.whole else self._base_if_due(state, row, _appends(update, before, state.values), fork)
+        if not await self.storage.put_checkpoint(row, claim, base=base,
                                                  parent_seq=None if row.whole or parent is None else parent.seq):
             # Its parent is gone (its run was deleted meanwhile): the state is recorded whole.
-            row.delta, row.whole = _whole_delta(state), True
+            row.delta, row.whole, base = _whole_delta(state), True, None
             await self.storage.put_checkpoint(row, claim)
         if row.whole:
             state.folded = state.looked = len(delta_text(row.delta))
+            state.base_id, state.since_base = None, 0  # reads start at it: the next base, whole, comes in due time
+        elif base is not None:
+            state.base_id, state.base_count, state.since_base = row.checkpoint_id, base.count, 0
+        else:
+            state.since_base += 1
         state.count(row)
         state.head = row
         state.newest = True
         self._remember(thread_id, state)
         return row
+
+    @staticmethod
+    def _base_if_due(state: ThreadState, row: CheckpointRow, appends: bool, fork: bool) -> _Base | None:
+        """The base to write with ``row``: every so many checkpoints, at a step that did more than append
+        messages (the steps after a base only append), and at a fork (so a read finds the nearest base before
+        a checkpoint, by seq, on its own chain). It holds the messages since the previous base, or all of them
+        after such a step or without a base known; their text is encoded once more (at most a base's worth of
+        messages, except in a whole one)."""
+        if appends and not fork and state.since_base + 1 < _BASE_EVERY:
+            return None
+        messages = state.values.get("messages") or []
+        prev = state.base_id if appends else None
+        new = messages[state.base_count:] if prev is not None else messages
+        rest = dumps({k: v for k, v in state.values.items() if k != "messages"})
+        return _Base(row.thread_id, row.checkpoint_id, row.seq, prev, dumps(list(new))[1:-1] if new else "", rest,
+                     count=len(messages))
 
     def _whole_if_due(self, state: ThreadState, update: Mapping[str, Any]) -> Delta | None:
         """The whole state, when a read would fold more than twice its size (looked at each time the fold doubles,
@@ -288,6 +348,34 @@ class Checkpointer:
 def _whole_delta(state: ThreadState) -> Delta:
     """The state as a whole checkpoint stores it (encoded now: the live values keep changing)."""
     return Delta(dumps(state.values))
+
+
+@dataclass(slots=True)
+class _Base(CheckpointBase):
+    """A base as written, with the number of messages it makes (what the next one starts after)."""
+
+    count: int = 0
+
+
+def _appends(update: Mapping[str, Any], before: int | None, values: Mapping[str, Any]) -> bool:
+    """Whether a step only appended messages (or left them): none removed or replaced, the state grew by as many
+    as it wrote."""
+    messages = update.get("messages")
+    after = len(values.get("messages") or ())
+    if before is None or (messages is not None and not isinstance(messages, list)):
+        return False
+    written = messages or []
+    return after - before == len(written) and not any(isinstance(m, RemoveMessage) for m in written)
+
+
+def _base_json(bases: list[CheckpointBase]) -> dict[str, Any]:
+    """The values a chain of bases holds, as JSON (messages as their dicts)."""
+    return {"messages": loads(_joined_messages(bases)), **loads(bases[-1].rest)}  # in the order a fold makes
+
+
+def _joined_messages(bases: list[CheckpointBase]) -> str:
+    """The JSON array of a chain of bases' messages."""
+    return f"[{','.join(b.messages for b in bases if b.messages)}]"
 
 
 def _whole_values(delta: Mapping[str, Any]) -> dict[str, Any]:
@@ -336,12 +424,54 @@ def _is_stored(message: Any) -> bool:
     return kind == "remove" or (kind in _MESSAGE_TYPES and "id" in message and "additional_kwargs" in message)
 
 
-async def _fold_json(chain: list[CheckpointRow], reducers: Mapping[str, Reducer],
+async def _fold(bases: list[CheckpointBase], chain: list[CheckpointRow], reducers: Mapping[str, Reducer],
+                wanted: set[str], text: bool) -> list[dict[str, Any]]:
+    """The states at the ``wanted`` checkpoints of a chain (in its order), as JSON values; with ``text``, their
+    messages as stored JSON text when the chain starts at a base."""
+    if text and bases:
+        states = _fold_text(bases, chain, reducers, wanted)
+        if states is not None:
+            return states
+    return await _fold_json(bases, chain, reducers, wanted)
+
+
+def _fold_text(bases: list[CheckpointBase], chain: list[CheckpointRow], reducers: Mapping[str, Reducer],
+               wanted: set[str]) -> list[dict[str, Any]] | None:
+    """The states at the ``wanted`` checkpoints of a chain that starts at the last of ``bases``, their messages
+    the bases' texts and the deltas' messages unparsed, as a list of ``orjson.Fragment`` (each several messages'
+    texts joined by commas: encoded, the list is the messages' array); ``None`` when a delta holds messages in
+    another form than a message's own dict."""
+    values: dict[str, Any] = loads(bases[-1].rest)
+    appended: list[str] = []
+    states = []
+    for i, row in enumerate(chain):
+        if i:
+            for key, value in loads(delta_text(row.delta)).items():
+                if key != "messages":
+                    values[key] = (reducers[key](values[key], value) if key in reducers and key in values
+                                   else value)
+                elif not isinstance(value, list) or not all(_is_stored(m) and m["type"] != "remove" for m in value):
+                    return None
+                elif value:
+                    appended.append(dumps(value)[1:-1])
+        if row.checkpoint_id in wanted:
+            texts = [*(b.messages for b in bases), *appended]
+            states.append({"messages": [orjson.Fragment(t) for t in texts if t], **values})
+    return states
+
+
+async def _fold_json(bases: list[CheckpointBase], chain: list[CheckpointRow], reducers: Mapping[str, Reducer],
                      wanted: set[str]) -> list[dict[str, Any]]:
-    """The states at the ``wanted`` checkpoints of a chain (in its order), folded as JSON values. The deltas
-    are parsed a slice at a time (their texts joined: one parse), and other tasks run between slices."""
+    """The states at the ``wanted`` checkpoints of a chain (in its order), folded as JSON values, from the last
+    of ``bases`` when there are some (the chain's first checkpoint is its own). The deltas are parsed a slice at
+    a time (their texts joined: one parse), and other tasks run between slices."""
     fold = _JSONFold(reducers)
     states = []
+    if bases:
+        fold.apply(_base_json(bases), whole=True)
+        if chain[0].checkpoint_id in wanted:
+            states.append(fold.snapshot())
+        chain = chain[1:]
     for start in range(0, len(chain), _FOLD_SLICE):
         if start:
             await asyncio.sleep(0)

@@ -388,13 +388,17 @@ class ThreadsClient:
 
     async def get_state(self, thread_id: str, checkpoint: Checkpoint = None, checkpoint_id: str | None = None, *,
                         subgraphs: bool = False, select: Sequence[str] | None = None, headers: Headers = None,
-                        params: Params = None) -> dict[str, Any]:
-        """The thread's state (at a checkpoint, if given); an agent here has no subgraphs to include."""
+                        params: Params = None, stored_json: bool = False) -> dict[str, Any]:
+        """The thread's state (at a checkpoint, if given); an agent here has no subgraphs to include.
+
+        ``stored_json``: for a caller that only encodes the state with orjson (the server), its messages may come as
+        one ``orjson.Fragment`` of their stored JSON text, unparsed (a long thread's parse costs ten times its
+        encoding)."""
         row = await self.row(thread_id)
         at = checkpoint_id or checkpoint_id_of(checkpoint)
         reducers = self._registry.reducers_for(row)
-        values, head = (await self._checkpoints.view(thread_id, at, reducers) if at
-                        else await self._checkpoints.current(thread_id, reducers))
+        values, head = (await self._checkpoints.view(thread_id, at, reducers, text=stored_json) if at
+                        else await self._checkpoints.current(thread_id, reducers, text=stored_json))
         return selected([self._render_state(row, values, head)], select, STATE_FIELDS, "state")[0]
 
     async def update_state(self, thread_id: str, values: Mapping[str, Any] | Sequence[Any] | None, *,
@@ -438,9 +442,9 @@ class ThreadsClient:
     async def get_history(self, thread_id: str, *, limit: int = 10, before: str | Checkpoint = None,
                           metadata: Mapping[str, Any] | None = None, checkpoint: Checkpoint = None,
                           select: Sequence[str] | None = None, headers: Headers = None,
-                          params: Params = None) -> list[dict[str, Any]]:
+                          params: Params = None, stored_json: bool = False) -> list[dict[str, Any]]:
         """The thread's checkpoints, newest first, each as a ThreadState (an agent here has one namespace,
-        so ``checkpoint`` names no other)."""
+        so ``checkpoint`` names no other; ``stored_json``: see :meth:`get_state`)."""
         row = await self.row(thread_id)
         before_seq = None
         if before is not None:
@@ -456,7 +460,8 @@ class ThreadsClient:
         # A checkpoint pruned since it was listed (keep_latest) is left out.
         history = [self._render_state(row, values, found)
                    for found, values in await self._checkpoints.history(thread_id, rows[:limit],
-                                                                        self._registry.reducers_for(row))]
+                                                                        self._registry.reducers_for(row),
+                                                                        text=stored_json)]
         return selected(history, select, STATE_FIELDS, "state")
 
     async def _render(self, row: ThreadRow) -> dict[str, Any]:

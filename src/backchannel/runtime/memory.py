@@ -21,6 +21,7 @@ from backchannel.runtime.rows import (
     ACTIVE,
     AssistantRow,
     CancelAction,
+    CheckpointBase,
     CheckpointRow,
     CronRow,
     Delta,
@@ -349,7 +350,8 @@ class MemoryStorage(Storage):
     # -- checkpoints
 
     async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
-                             parent_seq: int | None = None) -> bool:
+                             parent_seq: int | None = None, base: CheckpointBase | None = None) -> bool:
+        # No base kept: a state in memory is folded from objects, with no text to parse.
         self._held(claim)
         by_id = self._checkpoint_by_id.setdefault(row.thread_id, {})
         if parent_seq is not None and row.parent_id not in by_id:
@@ -374,8 +376,8 @@ class MemoryStorage(Storage):
         rows = [r for r in reversed(self._checkpoints.get(thread_id, ())) if before_seq is None or r.seq < before_seq]
         return [_copy(r) for r in rows[:limit]]
 
-    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str,
-                               seq: int | None = None) -> list[CheckpointRow]:
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str, seq: int | None = None, *,
+                               since: int | None = None) -> list[CheckpointRow]:
         by_id = self._checkpoint_by_id.get(thread_id, {})
         chain: list[CheckpointRow] = []
         current: str | None = checkpoint_id if checkpoint_id in by_id else None
@@ -383,8 +385,13 @@ class MemoryStorage(Storage):
             row = by_id[current]
             chain.append(_copy(row))
             current = row.parent_id if not row.whole and row.parent_id in by_id else None
+            if current is not None and since is not None and by_id[current].seq < since:
+                current = None
         chain.reverse()
         return chain
+
+    async def checkpoint_bases(self, thread_id: str, seq: int) -> list[CheckpointBase]:
+        return []
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         row = self._checkpoint_by_id.get(thread_id, {}).get(checkpoint_id)

@@ -35,6 +35,7 @@ from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._pgpool import ConnectionPool, unavailable
 from backchannel.runtime._rows import (
     ASSISTANT_COLUMNS,
+    BASE_COLUMNS,
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
@@ -42,6 +43,8 @@ from backchannel.runtime._rows import (
     assistant_order,
     assistant_row,
     assistant_values,
+    base_chain,
+    base_values,
     chain_is_whole,
     checkpoint_chain,
     checkpoint_row,
@@ -60,6 +63,7 @@ from backchannel.runtime._rows import (
 from backchannel.runtime.rows import (
     AssistantRow,
     CancelAction,
+    CheckpointBase,
     CheckpointRow,
     CronRow,
     ItemRow,
@@ -92,6 +96,15 @@ _COUNTS_LOCK = 0x6263_0004  # who sums the thread counts' rows (an advisory lock
 _CHANGES_SUMMED = 500  # thread status changes between two sums of the counts' rows
 
 # Forward migrations, one tuple of statements per schema version (see _migrations.py).
+# The nearest base at or before a seq, then each it extends, with their depth: the links followed first, then
+# the texts read (a recursive query would copy each text it carries).
+_BASES = ("WITH RECURSIVE b(checkpoint_id, seq, prev_id, depth) AS ("
+          "(SELECT checkpoint_id, seq, prev_id, 0 FROM checkpoint_bases "
+          "WHERE thread_id = %(thread)s AND seq <= %(seq)s ORDER BY seq DESC LIMIT 1) "
+          "UNION ALL SELECT c.checkpoint_id, c.seq, c.prev_id, b.depth + 1 "
+          "FROM b JOIN checkpoint_bases c ON c.thread_id = %(thread)s AND c.checkpoint_id = b.prev_id "
+          "AND c.seq < b.seq) SELECT c.checkpoint_id, c.seq, c.prev_id, c.messages, c.rest, b.depth FROM b "
+          "JOIN checkpoint_bases c ON c.thread_id = %(thread)s AND c.checkpoint_id = b.checkpoint_id")
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         """CREATE TABLE threads (
@@ -199,6 +212,12 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "INSERT INTO thread_counts SELECT status, count(*) FROM threads GROUP BY status",
         "ALTER INDEX threads_by_metadata SET (fastupdate = off)",
         "SELECT gin_clean_pending_list('threads_by_metadata'::regclass)",
+    ),
+    (  # a thread's messages as JSON text every so many checkpoints (see checkpoints.py): a read of a long thread
+        # joins these texts and folds the few deltas since, instead of parsing every delta from the first
+        "CREATE TABLE checkpoint_bases (thread_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, seq BIGINT NOT NULL, "
+        "prev_id TEXT, messages TEXT NOT NULL, rest TEXT NOT NULL, PRIMARY KEY (thread_id, checkpoint_id))",
+        "CREATE INDEX checkpoint_bases_by_seq ON checkpoint_bases(thread_id, seq)",
     ),
 )
 _ASSISTANT_SELECT = ASSISTANT_COLUMNS.replace("metadata", "metadata::text")
@@ -795,18 +814,26 @@ class PostgresStorage(Storage):
     # -- checkpoints
 
     async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
-                             parent_seq: int | None = None) -> bool:
+                             parent_seq: int | None = None, base: CheckpointBase | None = None) -> bool:
         values = checkpoint_values(row)
         insert = f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {', '.join(['%s'] * len(values))}"
         # The parent's row is locked until this commits, so a deletion of its run waits and then sees this one.
         parent = ("TRUE" if parent_seq is None else
                   "EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s FOR KEY SHARE)")
-        parent_params = () if parent_seq is None else (row.thread_id, row.parent_id)
+        params = (*values, *(() if parent_seq is None else (row.thread_id, row.parent_id)))
+        based = ""
+        if base is not None:  # written only with the checkpoint, in its statement
+            based = f", b AS (INSERT INTO checkpoint_bases ({BASE_COLUMNS}) SELECT %s, %s, %s, %s, %s, %s FROM i)"
+            params = (*params, *base_values(base))
+        if claim is None and base is None:
+            return bool(await self._write(f"{insert} WHERE {parent}", params))
         if claim is None:
-            return bool(await self._write(f"{insert} WHERE {parent}", (*values, *parent_params)))
+            found = await self._write_one(f"WITH i AS ({insert} WHERE {parent} RETURNING 1){based} "
+                                          "SELECT count(*) FROM i", params)
+            return bool(found and found[0])
         found = await self._fenced(
-            claim, f"WITH held AS ({_HELD}), i AS ({insert} FROM held WHERE {parent} RETURNING 1) "
-            "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM i)", (*values, *parent_params))
+            claim, f"WITH held AS ({_HELD}), i AS ({insert} FROM held WHERE {parent} RETURNING 1){based} "
+            "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM i)", params)
         return bool(found and found[1])
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
@@ -830,21 +857,26 @@ class PostgresStorage(Storage):
                                "ORDER BY seq DESC LIMIT %s", (*params, limit))
         return [checkpoint_row(r) for r in rows]
 
-    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str,
-                               seq: int | None = None) -> list[CheckpointRow]:
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str, seq: int | None = None, *,
+                               since: int | None = None) -> list[CheckpointRow]:
         target = "%(seq)s" if seq is not None else (
             "(SELECT seq FROM checkpoints WHERE thread_id = %(thread)s AND checkpoint_id = %(id)s)")
-        params = {"thread": thread_id, "id": checkpoint_id, "seq": seq}
+        params = {"thread": thread_id, "id": checkpoint_id, "seq": seq, "since": since}
+        first = ("%(since)s" if since is not None else "coalesce((SELECT seq FROM checkpoints WHERE thread_id = "
+                 f"%(thread)s AND whole AND seq <= {target} ORDER BY seq DESC LIMIT 1), 0)")
         rows = await self._all(
             f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = %(thread)s AND seq <= {target} "
-            "AND seq >= coalesce((SELECT seq FROM checkpoints WHERE thread_id = %(thread)s AND whole "
-            f"AND seq <= {target} ORDER BY seq DESC LIMIT 1), 0) ORDER BY seq", params)
+            f"AND seq >= {first} ORDER BY seq", params)
         chain = checkpoint_chain(rows, checkpoint_id)
-        if not chain_is_whole(chain):  # a fork from before that whole checkpoint: read back to the first
+        if since is None and not chain_is_whole(chain):  # a fork from before that whole one: read back to the first
             rows = await self._all(f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = %(thread)s "
                                    f"AND seq <= {target} ORDER BY seq", params)
             chain = checkpoint_chain(rows, checkpoint_id)
         return chain
+
+    async def checkpoint_bases(self, thread_id: str, seq: int) -> list[CheckpointBase]:
+        rows = await self._all(_BASES, {"thread": thread_id, "seq": seq})
+        return base_chain(thread_id, rows)
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         await self._write("UPDATE checkpoints SET next = %s WHERE thread_id = %s AND checkpoint_id = %s",
@@ -868,6 +900,7 @@ class PostgresStorage(Storage):
                 deleted = [r[0] for r in await (await conn.execute(
                     "DELETE FROM checkpoints WHERE thread_id = %(thread)s AND run_id = %(run)s "
                     "RETURNING checkpoint_id", params)).fetchall()]
+                await conn.execute("DELETE FROM checkpoint_bases WHERE thread_id = %s", (thread_id,))
                 children = await (await conn.execute(
                     "SELECT checkpoint_id FROM checkpoints WHERE thread_id = %s AND NOT whole "
                     "AND parent_id = ANY(%s)", (thread_id, deleted))).fetchall()
@@ -892,15 +925,18 @@ class PostgresStorage(Storage):
             if head is None or head[0] != row.checkpoint_id:
                 return False
             await conn.execute("DELETE FROM checkpoints WHERE thread_id = %s", (row.thread_id,))
+            await conn.execute("DELETE FROM checkpoint_bases WHERE thread_id = %s", (row.thread_id,))
             values = checkpoint_values(row)
             placeholders = ", ".join(["%s"] * len(values))
             await conn.execute(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES ({placeholders})", values)
         return True
 
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
-        await self._write(f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT %s, seq, checkpoint_id, "
-                          "parent_id, run_id, delta, next, metadata, created_at, whole FROM checkpoints "
-                          "WHERE thread_id = %s", (new_thread_id, thread_id))
+        await self._write(f"WITH c AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT %(new)s, seq, "
+                          "checkpoint_id, parent_id, run_id, delta, next, metadata, created_at, whole FROM checkpoints "
+                          f"WHERE thread_id = %(old)s) INSERT INTO checkpoint_bases ({BASE_COLUMNS}) SELECT %(new)s, "
+                          "checkpoint_id, seq, prev_id, messages, rest FROM checkpoint_bases WHERE thread_id = %(old)s",
+                          {"new": new_thread_id, "old": thread_id})
 
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
                                 claim: RunClaim | None = None) -> None:

@@ -15,9 +15,9 @@ from typing import Any, Literal, NamedTuple, get_args
 from backchannel.serde import dumps, loads
 
 __all__ = ["ACTIVE", "ASSISTANT_SORT", "CRON_SORT", "TERMINAL", "AssistantChange", "AssistantRow", "CancelAction",
-           "CheckpointRow", "CronRow", "Delta", "ItemRow", "PruneStrategy", "RunClaim", "RunEnd", "RunRow",
-           "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL", "assistant_sort_key", "cron_order", "delta_text",
-           "epoch_of", "thread_order"]
+           "CheckpointBase", "CheckpointRow", "CronRow", "Delta", "ItemRow", "PruneStrategy", "RunClaim", "RunEnd",
+           "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL", "assistant_sort_key", "cron_order",
+           "delta_text", "epoch_of", "thread_order"]
 
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 # A run's own "interrupted" means it was cancelled; a run that paused for a human succeeded (its thread waits).
@@ -157,6 +157,24 @@ class CheckpointRow:
     metadata: dict[str, Any]
     created_at: str
     whole: bool = False
+
+
+@dataclass(slots=True)
+class CheckpointBase:
+    """A thread's messages at one checkpoint as stored JSON text, so a read folds no more than the few deltas since.
+
+    ``messages`` holds the JSON of the messages appended since the base ``prev_id`` (each message's text joined
+    by commas, no brackets), or of all of them when ``prev_id`` is ``None``; ``rest`` the JSON object of the
+    state's other keys at the checkpoint. The steps after a base only append messages (a step that does more has
+    a base of its own), so a state is its bases' texts joined, then its deltas' messages.
+    """
+
+    thread_id: str
+    checkpoint_id: str
+    seq: int
+    prev_id: str | None
+    messages: str
+    rest: str
 
 
 @dataclass(slots=True)

@@ -39,6 +39,7 @@ from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
     ASSISTANT_COLUMNS,
+    BASE_COLUMNS,
     SEP,
     THREAD_SORT_SQL,
     THREAD_TABLES,
@@ -46,6 +47,8 @@ from backchannel.runtime._rows import (
     assistant_order,
     assistant_row,
     assistant_values,
+    base_chain,
+    base_values,
     chain_is_whole,
     checkpoint_chain,
     checkpoint_row,
@@ -64,6 +67,7 @@ from backchannel.runtime._rows import (
 from backchannel.runtime.rows import (
     AssistantRow,
     CancelAction,
+    CheckpointBase,
     CheckpointRow,
     CronRow,
     ItemRow,
@@ -237,9 +241,26 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "WHEN OLD.metadata IS NOT NEW.metadata BEGIN "
         f"{_REMOVE_METADATA.format('OLD')}; {_ADD_METADATA.format('NEW')}; END",
     ),
+    (
+        # A thread's messages as JSON text every so many checkpoints (see checkpoints.py): a read of a long thread
+        # joins these texts and folds the few deltas since, instead of parsing every delta from the first.
+        "CREATE TABLE checkpoint_bases (thread_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, seq INTEGER NOT NULL, "
+        "prev_id TEXT, messages TEXT NOT NULL, rest TEXT NOT NULL)",
+        "CREATE UNIQUE INDEX checkpoint_bases_by_id ON checkpoint_bases(thread_id, checkpoint_id)",
+        "CREATE INDEX checkpoint_bases_by_seq ON checkpoint_bases(thread_id, seq)",
+    ),
 )
 
 _ITEM_COLUMNS = "namespace, key, value, created_at, updated_at, ttl_minutes, expires_at"
+# The nearest base at or before a seq (thread {0}, seq {1}), then each it extends, with their depth: the links
+# followed first, then the texts read (a recursive query would copy each text it carries).
+_BASES = ("WITH RECURSIVE b(checkpoint_id, seq, prev_id, depth) AS ("
+          "SELECT * FROM (SELECT checkpoint_id, seq, prev_id, 0 FROM checkpoint_bases "
+          "WHERE thread_id = {0} AND seq <= {1} ORDER BY seq DESC LIMIT 1) "
+          "UNION ALL SELECT c.checkpoint_id, c.seq, c.prev_id, b.depth + 1 "
+          "FROM b JOIN checkpoint_bases c ON c.thread_id = {0} AND c.checkpoint_id = b.prev_id AND c.seq < b.seq) "
+          "SELECT c.checkpoint_id, c.seq, c.prev_id, c.messages, c.rest, b.depth FROM b "
+          "JOIN checkpoint_bases c ON c.thread_id = {0} AND c.checkpoint_id = b.checkpoint_id")
 _ACTIVE_RUN = "SELECT 1 FROM runs WHERE thread_id = ? AND status IN ('pending', 'running')"
 
 _OPEN: dict[str, weakref.WeakSet[SQLiteStorage]] = {}  # this process's open storages, by file
@@ -776,20 +797,24 @@ class SQLiteStorage(Storage):
         if claim is not None and db.execute(f"SELECT {_HELD}", claim).fetchone()[0] == 0:
             raise LostRunError(f"run {claim.run_id} is no longer this process's to run")
 
-    async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any]) -> int:
-        """Run one statement of a run's, if its claim holds; returns the rows it changed.
+    async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any],
+                      then: tuple[str, Sequence[Any]] | None = None) -> int:
+        """Run one statement of a run's, if its claim holds; returns the rows it changed. ``then``, a statement
+        made in the same transaction when it changed some.
 
         ``sql`` ends in a condition ``{held}``: the claim's check, so check and write are one statement
         (atomic by itself, no savepoint). Only when it changed nothing is the claim read again, to tell a
         lost run from a write with nothing to change.
         """
-        if claim is None:
+        if claim is None and then is None:
             return await self._write(sql.format(held="1"), params)
         db = self._begin()
         with self._unavailable():
-            changed = db.execute(sql.format(held=_HELD), (*params, *claim)).rowcount
-            if changed == 0:
+            changed = db.execute(sql.format(held=_HELD if claim else "1"), (*params, *(claim or ()))).rowcount
+            if changed == 0 and claim is not None:
                 self._hold(db, claim)
+            if changed and then is not None:
+                db.execute(*then)
         await self._committed()
         return changed
 
@@ -887,15 +912,17 @@ class SQLiteStorage(Storage):
     # -- checkpoints
 
     async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
-                             parent_seq: int | None = None) -> bool:
+                             parent_seq: int | None = None, base: CheckpointBase | None = None) -> bool:
         values = checkpoint_values(row)
+        then = None if base is None else (
+            f"INSERT OR REPLACE INTO checkpoint_bases ({BASE_COLUMNS}) VALUES (?,?,?,?,?,?)", base_values(base))
         if parent_seq is None:
-            await self._fenced(claim, "INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE {held}", values)
+            await self._fenced(claim, "INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE {held}", values, then)
             return True
         return bool(await self._fenced(
             claim, "INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM checkpoints "
             "WHERE thread_id = ? AND seq = ? AND checkpoint_id = ?) AND {held}",
-            (*values, row.thread_id, parent_seq, row.parent_id)))
+            (*values, row.thread_id, parent_seq, row.parent_id), then))
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
@@ -918,8 +945,8 @@ class SQLiteStorage(Storage):
                                (*params, -1 if limit is None else limit)).fetchall()
         return [checkpoint_row(r) for r in rows]
 
-    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str,
-                               seq: int | None = None) -> list[CheckpointRow]:
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str, seq: int | None = None, *,
+                               since: int | None = None) -> list[CheckpointRow]:
         db = self.db
         if seq is None:
             found = db.execute("SELECT seq FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
@@ -927,12 +954,18 @@ class SQLiteStorage(Storage):
             if found is None:
                 return []
             seq = int(found[0])
+        if since is not None:
+            return checkpoint_chain(await self._checkpoint_rows(thread_id, since, seq), checkpoint_id)
         start = db.execute("SELECT seq FROM checkpoints WHERE thread_id = ? AND seq <= ? AND whole "
                            "ORDER BY seq DESC LIMIT 1", (thread_id, seq)).fetchone()
         chain = checkpoint_chain(await self._checkpoint_rows(thread_id, start[0] if start else 0, seq), checkpoint_id)
         if not chain_is_whole(chain):  # a fork from before that whole checkpoint: read back to the first
             chain = checkpoint_chain(await self._checkpoint_rows(thread_id, 0, seq), checkpoint_id)
         return chain
+
+    async def checkpoint_bases(self, thread_id: str, seq: int) -> list[CheckpointBase]:
+        rows = self.db.execute(_BASES.format("?1", "?2"), (thread_id, seq)).fetchall()
+        return base_chain(thread_id, rows)
 
     async def _checkpoint_rows(self, thread_id: str, first: int, last: int) -> list[tuple[Any, ...]]:
         """A thread's checkpoint rows with seq in [first, last], read in slices (each a whole query, so no
@@ -968,6 +1001,7 @@ class SQLiteStorage(Storage):
                 db.execute("UPDATE checkpoints SET delta = ?, whole = 1 WHERE thread_id = ? AND checkpoint_id = ?",
                            (delta_text(row.delta), thread_id, row.checkpoint_id))
             db.execute("DELETE FROM checkpoints WHERE thread_id = ? AND run_id = ?", (thread_id, run_id))
+            db.execute("DELETE FROM checkpoint_bases WHERE thread_id = ?", (thread_id,))  # a step's own come again
         await self._committed()
         return True
 
@@ -979,15 +1013,19 @@ class SQLiteStorage(Storage):
             kept = head is not None and head[0] == row.checkpoint_id and not busy
             if kept:
                 db.execute("DELETE FROM checkpoints WHERE thread_id = ?", (row.thread_id,))
+                db.execute("DELETE FROM checkpoint_bases WHERE thread_id = ?", (row.thread_id,))
                 values = checkpoint_values(row)
                 db.execute(f"INSERT INTO checkpoints VALUES ({','.join('?' * len(values))})", values)
         await self._committed()
         return kept
 
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
-        await self._write("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
-                          "metadata, created_at, whole FROM checkpoints WHERE thread_id = ?",
-                          (new_thread_id, thread_id))
+        with self._transaction() as db:
+            db.execute("INSERT INTO checkpoints SELECT ?, seq, checkpoint_id, parent_id, run_id, delta, next, "
+                       "metadata, created_at, whole FROM checkpoints WHERE thread_id = ?", (new_thread_id, thread_id))
+            db.execute(f"INSERT INTO checkpoint_bases ({BASE_COLUMNS}) SELECT ?, checkpoint_id, seq, prev_id, "
+                       "messages, rest FROM checkpoint_bases WHERE thread_id = ?", (new_thread_id, thread_id))
+        await self._committed()
 
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
                                 claim: RunClaim | None = None) -> None:

@@ -23,6 +23,7 @@ from backchannel.messages import AnyMessage
 from backchannel.runtime.rows import (
     AssistantRow,
     CancelAction,
+    CheckpointBase,
     CheckpointRow,
     CronRow,
     ItemRow,
@@ -228,10 +229,11 @@ class CheckpointStorage(Protocol):
 
     @abc.abstractmethod
     async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
-                             parent_seq: int | None = None) -> bool:
+                             parent_seq: int | None = None, base: CheckpointBase | None = None) -> bool:
         """Append a checkpoint (written by a run: under its ``claim``, see the fencing rule). With ``parent_seq``
         (the seq of its parent as the writer read it), only while that parent is there: ``False``, and nothing
-        written, when it is gone (its run was deleted meanwhile)."""
+        written, when it is gone (its run was deleted meanwhile). ``base`` (the messages at it as text) is
+        written with it, in the same transaction; a backend may keep none."""
 
     @abc.abstractmethod
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
@@ -247,10 +249,16 @@ class CheckpointStorage(Protocol):
         """A thread's checkpoints, newest first."""
 
     @abc.abstractmethod
-    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str,
-                               seq: int | None = None) -> list[CheckpointRow]:
+    async def checkpoint_chain(self, thread_id: str, checkpoint_id: str, seq: int | None = None, *,
+                               since: int | None = None) -> list[CheckpointRow]:
         """The checkpoints up to ``checkpoint_id`` (whose ``seq`` the caller may know), following parents back
-        to the nearest whole checkpoint, or to the thread's first: what its state is folded from."""
+        to the nearest whole checkpoint, or to the thread's first: what its state is folded from. With ``since``
+        (a seq), none before it: the chain starts where the rows from there run out."""
+
+    @abc.abstractmethod
+    async def checkpoint_bases(self, thread_id: str, seq: int) -> list[CheckpointBase]:
+        """The nearest base at or before ``seq`` and those it extends, oldest (a whole one) first; empty when
+        there is none, or when one it extends is gone."""
 
     @abc.abstractmethod
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:

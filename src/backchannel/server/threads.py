@@ -84,14 +84,16 @@ async def copy_thread(request: Request) -> Response:
 async def get_state(request: Request) -> Response:
     thread_id = request.path_params["thread_id"]
     checkpoint_id = request.path_params.get("checkpoint_id")
+    # The state is only encoded here: its stored JSON text is sent as it is, unparsed.
     return JSONResponse(await runtime_of(request).threads.get_state(
-        thread_id, checkpoint_id=checkpoint_id, select=request.query_params.getlist("select") or None))
+        thread_id, checkpoint_id=checkpoint_id, select=request.query_params.getlist("select") or None,
+        stored_json=True))
 
 
 async def get_state_at_checkpoint(request: Request) -> Response:
     body = await read_body(request, StateCheckpoint)
-    return JSONResponse(await runtime_of(request).threads.get_state(request.path_params["thread_id"],
-                                                                    checkpoint=body.checkpoint, select=body.select))
+    return JSONResponse(await runtime_of(request).threads.get_state(
+        request.path_params["thread_id"], checkpoint=body.checkpoint, select=body.select, stored_json=True))
 
 
 async def update_state(request: Request) -> Response:
@@ -103,13 +105,13 @@ async def update_state(request: Request) -> Response:
 async def get_history(request: Request) -> Response:
     return _json_list(await runtime_of(request).threads.get_history(
         request.path_params["thread_id"], limit=query_int(request, "limit", 10, minimum=1),
-        before=request.query_params.get("before") or None))
+        before=request.query_params.get("before") or None, stored_json=True))
 
 
 async def search_history(request: Request) -> Response:
     body = await read_body(request, HistorySearch)
-    return _json_list(await runtime_of(request).threads.get_history(request.path_params["thread_id"],
-                                                                    **dump(body, exclude=("checkpoint",))))
+    return _json_list(await runtime_of(request).threads.get_history(
+        request.path_params["thread_id"], **dump(body, exclude=("checkpoint",)), stored_json=True))
 
 
 def _json_list(items: list[Any]) -> Response:
