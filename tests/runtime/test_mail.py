@@ -2,9 +2,11 @@
 
 import asyncio
 
+import pytest
 from runtime_helpers import contents, echo_agent, eventually, user
 
 from backchannel import HumanMessage
+from backchannel.errors import NotFoundError
 from backchannel.runtime import LocalRuntime
 
 
@@ -58,3 +60,17 @@ async def test_mail_coming_while_a_wake_up_looks_is_heard(store_url):
             return [c for c in contents(state["values"]) if c.startswith("result")] == ["result 1", "result 2"]
 
         await eventually(answered, timeout=10)
+
+
+async def test_mail_for_a_thread_that_is_gone_is_refused_and_not_kept(store_url):
+    """Mail for a deleted (or never created) thread raises NotFoundError and is not stored: a stored message
+    for no thread is lost, and would be tried again at every start."""
+    async with LocalRuntime(store_url, agents={"agent": echo_agent()}) as rt:
+        tid = (await rt.threads.create())["thread_id"]
+        await rt.runs.wait(tid, "agent", input=user("hi"))
+        await rt.threads.delete(tid)
+        for thread_id in (tid, "never-created"):
+            with pytest.raises(NotFoundError):
+                await rt.deliver(thread_id, HumanMessage("late result"), key="k1", assistant_id="agent")
+        assert await rt.storage.threads_with_mail() == []
+        assert await rt.storage.inbox(tid) == []

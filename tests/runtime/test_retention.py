@@ -7,6 +7,7 @@ own, at a short interval.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,7 +16,7 @@ from runtime_helpers import contents, echo_agent, eventually, user
 from backchannel import HumanMessage, ScriptedModel, SubAgent
 from backchannel.deep_agent import create_deep_agent
 from backchannel.errors import InvalidRequestError, NotFoundError
-from backchannel.runtime import StoreTTLConfig, ThreadTTLConfig
+from backchannel.runtime import LocalRuntime, StoreTTLConfig, ThreadTTLConfig
 
 SWEEP_MINUTES = 0.002  # the scheduler sweeps every 0.12 s
 
@@ -285,3 +286,63 @@ async def test_the_stores_default_ttl_and_refresh_setting(make_runtime):
     clock.advance(seconds=30)
     assert await rt.store.get_item(["ns"], "a") is None
     assert (await rt.store.get_item(["ns"], "b"))["value"] == {"v": 2}
+
+
+async def _blocked_by(conn, pid: int) -> list[int]:
+    """The sessions waiting for a lock ``pid`` holds (polled until there is one)."""
+    for _ in range(500):
+        rows = await (await conn.execute("SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                         (pid,))).fetchall()
+        if rows:
+            return [r[0] for r in rows]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"nothing waited for session {pid}")
+
+
+async def test_mail_from_another_process_racing_the_sweep_is_never_lost_on_postgres(postgres_url):
+    """Two processes on one Postgres: one sweeps a thread whose TTL passed, the other stores mail for it. Whichever
+    takes the thread first wins: the thread deleted before the mail is stored (the sender is told it is gone, and
+    no mail is kept for a thread that is gone), or the mail stored first (the thread is kept and its mail taken).
+    The test's own transaction holds a row each needs, so that each order happens for sure."""
+    import psycopg
+
+    clock = Clock()
+    agents = {"agent": echo_agent()}
+    async with (LocalRuntime(postgres_url, agents=agents, clock=clock) as sweeper,
+                LocalRuntime(postgres_url, agents=agents) as sender,
+                await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as holder,
+                await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as watcher):
+        gone, kept = [(await sweeper.threads.create(ttl=1))["thread_id"] for _ in range(2)]
+        for tid in (gone, kept):
+            await sweeper.runs.wait(tid, "agent", input=user("hi"))
+        clock.advance(minutes=2)
+
+        # The sweep first: it holds the thread's row when the mail comes (and waits for the test's lock on a run).
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM runs WHERE thread_id = %s FOR UPDATE", (gone,))
+            sweep = asyncio.create_task(sweeper.retention.prune_thread(gone, "delete"))  # as the sweep does
+            [sweeping] = await _blocked_by(watcher, holder.info.backend_pid)
+            mail = asyncio.create_task(sender.deliver(gone, HumanMessage("late result"), key="k", assistant_id="agent"))
+            await _blocked_by(watcher, sweeping)
+        assert await sweep
+        with pytest.raises(NotFoundError):
+            await mail
+        assert await sender.storage.threads_with_mail() == []
+
+        # The mail first: it holds the thread's row when the sweep comes (and waits for the test's same key).
+        async with holder.transaction():
+            await holder.execute("INSERT INTO inbox (thread_id, key, message, created_at) VALUES (%s, 'k', '{}', '')",
+                                 (kept,))
+            mail = asyncio.create_task(sender.deliver(kept, HumanMessage("news", id="n1"), key="k",
+                                                      assistant_id="agent"))
+            [mailing] = await _blocked_by(watcher, holder.info.backend_pid)
+            sweep = asyncio.create_task(sweeper.retention.sweep())
+            await _blocked_by(watcher, mailing)
+            raise psycopg.Rollback()  # the test's row goes: the mail is stored, then the sweep looks
+        assert await mail
+        assert await sweep == (0, 0)
+        await eventually(lambda: _has_news(sender, kept), timeout=10)
+
+
+async def _has_news(rt, thread_id: str) -> bool:
+    return "news" in contents((await rt.threads.get_state(thread_id))["values"])

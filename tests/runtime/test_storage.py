@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from backchannel._clock import now_iso
-from backchannel.errors import LostRunError
+from backchannel.errors import LostRunError, NotFoundError
 from backchannel.messages import HumanMessage
 from backchannel.runtime.backends import open_storage
 from backchannel.runtime.rows import CheckpointRow, CronRow, RunClaim, RunEnd, RunRow, ThreadRow, ThreadTTL
@@ -419,6 +419,9 @@ async def test_deleting_a_run_s_checkpoints_stores_their_children_whole(storage)
 
 
 async def test_inbox_takes_each_key_once(storage):
+    now = now_iso()
+    for thread_id in ("t", "other"):
+        await storage.create_thread(ThreadRow(thread_id, now, now))
     assert await storage.put_inbox("t", "k1", HumanMessage("a", id="m1"), now_iso())
     assert not await storage.put_inbox("t", "k1", HumanMessage("again"), now_iso())
     assert await storage.put_inbox("t", "k2", HumanMessage("b", id="m2"), now_iso())
@@ -432,6 +435,9 @@ async def test_inbox_takes_each_key_once(storage):
     await storage.ack_inbox("t", ["k2", "k3"])
     assert await storage.inbox("t") == []
     assert [k for k, _ in await storage.inbox("other")] == ["k2"]
+    with pytest.raises(NotFoundError):  # mail for no thread is not kept
+        await storage.put_inbox("missing", "k1", HumanMessage("lost"), now_iso())
+    assert await storage.inbox("missing") == [] and "missing" not in await storage.threads_with_mail()
 
 
 async def test_deleting_a_thread_deletes_what_belongs_to_it(storage):

@@ -15,7 +15,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from backchannel._ids import new_id
-from backchannel.errors import LostRunError
+from backchannel.errors import LostRunError, NotFoundError
 from backchannel.messages import AnyMessage
 from backchannel.runtime.rows import (
     ACTIVE,
@@ -442,6 +442,8 @@ class MemoryStorage(Storage):
     # -- inbox
 
     async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
+        if thread_id not in self._threads:
+            raise NotFoundError(f"thread {thread_id!r} not found")
         box = self._inbox.setdefault(thread_id, {})
         if key in box:
             return False

@@ -29,7 +29,7 @@ from psycopg import AsyncConnection, sql
 
 from backchannel._clock import now_iso
 from backchannel._ids import new_id
-from backchannel.errors import LostRunError, StorageUnavailableError
+from backchannel.errors import LostRunError, NotFoundError, StorageUnavailableError
 from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._pgpool import ConnectionPool, unavailable
@@ -963,13 +963,18 @@ class PostgresStorage(Storage):
 
     async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
         # Under the lock of the thread's row, as finish_run: a run ending meanwhile either sees this
-        # message, or has ended before the caller looks for an active run to give it to.
-        return bool(await self._write(
-            "WITH t AS (SELECT 1 FROM threads WHERE thread_id = %(thread)s FOR UPDATE) "
-            "INSERT INTO inbox (thread_id, key, message, created_at) "
-            "SELECT %(thread)s, %(key)s, %(message)s, %(now)s FROM (SELECT count(*) FROM t) AS locked "
-            "ON CONFLICT (thread_id, key) DO NOTHING",
-            {"thread": thread_id, "key": key, "message": dumps(message), "now": now}))
+        # message, or has ended before the caller looks for an active run to give it to. A deletion that
+        # held the lock first (the TTL sweep's) leaves no row to lock: the message is not stored then.
+        found = await self._write_one(
+            "WITH t AS (SELECT 1 FROM threads WHERE thread_id = %(thread)s FOR UPDATE), "
+            "i AS (INSERT INTO inbox (thread_id, key, message, created_at) "
+            "SELECT %(thread)s, %(key)s, %(message)s, %(now)s FROM t "
+            "ON CONFLICT (thread_id, key) DO NOTHING RETURNING 1) "
+            "SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM i)",
+            {"thread": thread_id, "key": key, "message": dumps(message), "now": now})
+        if not (found and found[0]):
+            raise NotFoundError(f"thread {thread_id!r} not found")
+        return bool(found[1])
 
     async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         rows = await self._all("SELECT key, message FROM inbox WHERE thread_id = %s AND NOT delivered "

@@ -34,7 +34,7 @@ from typing import IO, Any
 
 from backchannel._clock import now_iso
 from backchannel._ids import new_id
-from backchannel.errors import ConflictError, LostRunError, StorageUnavailableError
+from backchannel.errors import ConflictError, LostRunError, NotFoundError, StorageUnavailableError
 from backchannel.messages import AnyMessage
 from backchannel.runtime._migrations import VERSION_TABLE, to_apply
 from backchannel.runtime._rows import (
@@ -1042,8 +1042,14 @@ class SQLiteStorage(Storage):
     # -- inbox
 
     async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
-        return await self._write("INSERT OR IGNORE INTO inbox VALUES (?,?,?,?,0)",
-                                 (thread_id, key, dumps(message), now)) == 1
+        # Only for a thread that exists (in the same statement: a deletion commits wholly before or after it).
+        if await self._write("INSERT OR IGNORE INTO inbox SELECT ?,?,?,?,0 WHERE EXISTS "
+                             "(SELECT 1 FROM threads WHERE thread_id = ?)",
+                             (thread_id, key, dumps(message), now, thread_id)) == 1:
+            return True
+        if self.db.execute("SELECT 1 FROM threads WHERE thread_id = ?", (thread_id,)).fetchone() is None:
+            raise NotFoundError(f"thread {thread_id!r} not found")
+        return False
 
     async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
         rows = self.db.execute("SELECT key, message FROM inbox WHERE thread_id = ? AND delivered = 0 "

@@ -305,7 +305,8 @@ class InboxStorage(Protocol):
 
     @abc.abstractmethod
     async def put_inbox(self, thread_id: str, key: str, message: AnyMessage, now: str) -> bool:
-        """Queue a message for a thread once per ``key``; ``False`` if that key was seen before."""
+        """Queue a message for a thread once per ``key``; ``False`` if that key was seen before,
+        :class:`NotFoundError` if the thread does not exist (or a deletion committed first)."""
 
     @abc.abstractmethod
     async def inbox(self, thread_id: str) -> list[tuple[str, AnyMessage]]:
