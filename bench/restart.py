@@ -58,7 +58,7 @@ async def queue_runs(database: str, count: int, agent: Any, input: Any) -> None:
 
 class Watcher:
     """Counts the runs that left ``pending`` and those that ended, by reading the database (SQLite's file or
-    Postgres) from outside the server, as its own client: tests/server/test_restart_queue.py watches with it too."""
+    Postgres) from outside the server, as its own client."""
 
     # Cheap, so the watching does not slow the server down: whether one run has left the queue, and
     # (less often) how many have ended.

@@ -8,49 +8,47 @@ run), and then run them all, once each.
 
 from __future__ import annotations
 
-import importlib
+import asyncio
 import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Any
+import uuid
 
 import httpx
 import pytest
 from server_agents import echo
 from server_helpers import ProcessServer, user
 
+from backchannel.runtime import LocalRuntime, open_storage
+from backchannel.server.serving import served
+
 QUEUED = 4_000
 PROMPT = 1.0  # seconds: how much later than an empty server's start the first queued run may start
 
 
-def bench_script(name: str) -> Any:
-    """A script of bench/, imported as its siblings import it (bench/ on the path only meanwhile)."""
-    saved = list(sys.path)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path[:] = saved
+async def queue_runs(database: str, count: int) -> None:
+    """Leave ``count`` pending runs of the echo agent, each on a thread of its own, queued by a runtime that
+    starts none and then closes (as a server stopped with a full queue leaves them)."""
+    # As the server serves it (with its middleware), so the server takes these runs as its agent's.
+    async with LocalRuntime(database, agents={"echo": served(echo)}, max_concurrency=0) as rt:
+        for start in range(0, count, 500):  # in groups: the backends store a tick's writes at once
+            await asyncio.gather(*(rt.runs.create(str(uuid.uuid4()), "echo", input=user("hi"),
+                                                  if_not_exists="create") for _ in range(min(500, count - start))))
 
 
-restart = bench_script("restart")  # bench/restart.py queues the runs and watches them as this test does
-
-
-def seconds_until(server: ProcessServer, condition, timeout: float) -> float:
-    """Start ``server``'s process and return how many seconds after that ``condition()`` first held."""
+async def seconds_until(server: ProcessServer, condition, timeout: float) -> float:
+    """Start ``server``'s process and return how many seconds after that ``await condition()`` first held."""
     server.process = subprocess.Popen(server.args, env=server.env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.STDOUT)
-    return waited(server, condition, timeout)
+    return await waited(server, condition, timeout)
 
 
-def waited(server: ProcessServer, condition, timeout: float) -> float:
-    """Seconds until ``condition()`` held, with ``server`` running all along."""
+async def waited(server: ProcessServer, condition, timeout: float) -> float:
+    """Seconds until ``await condition()`` held, with ``server`` running all along."""
     started = time.monotonic()
-    while not condition():
+    while not await condition():
         assert server.process is not None and server.process.poll() is None, "the server exited"
         assert time.monotonic() - started < timeout, f"not within {timeout} s"
-        time.sleep(0.01)
+        await asyncio.sleep(0.01)
     return time.monotonic() - started
 
 
@@ -61,37 +59,49 @@ def database(request, tmp_path):
     return request.getfixturevalue("postgres_url")
 
 
-def answers(server: ProcessServer) -> bool:
-    try:
-        return httpx.get(f"{server.url}/ok", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 async def test_a_server_restarted_on_thousands_of_queued_runs_starts_one_at_once_and_runs_them_all(
         database, tmp_path):
     # what starting a server costs on this machine, with nothing queued (Python, imports, opening the database)
     with ProcessServer(["server_agents:echo"], f"sqlite:///{tmp_path}/empty.db") as empty:
         empty.stop()
     baseline = ProcessServer(["server_agents:echo"], f"sqlite:///{tmp_path}/empty.db")
+
+    async def answers() -> bool:
+        try:
+            async with httpx.AsyncClient(timeout=1) as client:
+                return (await client.get(f"{baseline.url}/ok")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     try:
-        ready = seconds_until(baseline, lambda: answers(baseline), 60)
+        ready = await seconds_until(baseline, answers, 60)
     finally:
         baseline.stop()
 
-    await restart.queue_runs(database, QUEUED, echo, user("hi"))
-    runs = restart.Watcher(database)
-    assert not runs.begun()
-    server = ProcessServer(["server_agents:echo"], database)
+    await queue_runs(database, QUEUED)
+    # The runs watched from outside the server, as an operator's process reads the database.
+    runs = open_storage(database)
+    await runs.open()
     try:
-        first = seconds_until(server, runs.begun, 60)
-        assert first <= ready + PROMPT, f"the first queued run started {first:.2f} s after the server process " \
-                                        f"(an empty server answers after {ready:.2f} s)"
-        waited(server, lambda: runs.ended() == QUEUED, 120)  # all of them run
+        async def count(*statuses: str) -> int:
+            return sum(n for status, n in (await runs.count_runs_by_status()).items() if status in statuses)
+
+        async def begun() -> bool:
+            return await count("running", "success") > 0
+
+        async def all_ended() -> bool:
+            return await count("success") == QUEUED
+
+        assert not await begun()
+        server = ProcessServer(["server_agents:echo"], database)
+        try:
+            first = await seconds_until(server, begun, 60)
+            assert first <= ready + PROMPT, f"the first queued run started {first:.2f} s after the server " \
+                                            f"process (an empty server answers after {ready:.2f} s)"
+            await waited(server, all_ended, 120)  # all of them run
+        finally:
+            server.stop()
+        ended = await runs.runs_with_status(["success"])
     finally:
-        server.stop()
-    try:
-        ended = runs.conn.execute("SELECT count(*), min(attempts), max(attempts) FROM runs").fetchall()[0]
-    finally:
-        runs.close()
-    assert tuple(ended) == (QUEUED, 1, 1)  # each run once
+        await runs.close()
+    assert len(ended) == QUEUED and {r.attempts for r in ended} == {1}  # each run once
