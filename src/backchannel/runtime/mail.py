@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from backchannel._clock import now_iso
@@ -46,11 +47,8 @@ class Mail:
         self.scheduler = scheduler
         self.peers = peers
         self._inboxes: dict[str, ThreadInbox] = {}
-        self._waking: dict[str, str] = {}  # thread id -> the wake-up run queued or executing here
+        self._wakes: dict[str, _Wake] = {}  # thread id -> how waking it stands here (while anything is under way)
         self._refills: set[asyncio.Task[Any]] = set()
-        self._unwoken: dict[str, str | None] = {}  # thread id -> assistant id, of wake-ups to try again
-        # thread id -> whether mail came while its wake-up was being looked at or queued (look again after)
-        self._queuing: dict[str, bool] = {}
 
     async def deliver(self, thread_id: str, message: AnyMessage, *, key: str,
                       assistant_id: str | None = None) -> bool:
@@ -84,8 +82,10 @@ class Mail:
 
     def close_inbox(self, thread_id: str, run_id: str) -> bool:
         """The thread's run here has ended; returns whether mail came for it too late (a new run takes it)."""
-        if self._waking.get(thread_id) == run_id:
-            del self._waking[thread_id]
+        wake = self._wakes.get(thread_id)
+        if wake is not None and wake.run_id == run_id:
+            wake.run_id = None
+            self._forget_if_done(thread_id, wake)
         inbox = self._inboxes.pop(thread_id, None)
         return inbox is not None and bool(inbox.drain())
 
@@ -121,37 +121,45 @@ class Mail:
 
         If the database cannot be reached, the wake-up is tried again by :meth:`retry_wakes`.
         """
-        if thread_id in self._queuing:
+        wake = self._wakes.setdefault(thread_id, _Wake())
+        if wake.looking:
             # Another call is looking at the thread or queuing its wake-up run (which reads the stored mail as
             # it starts): it looks once more when done, since its look may predate this mail (a run it saw
             # active may have ended before this mail came). A fan-out's results coming together wake it once.
-            self._queuing[thread_id] = True
+            wake.again = True
             return
-        self._queuing[thread_id] = False
+        wake.looking = True
         try:
             while True:
-                await self._wake(thread_id, assistant_id)
-                if not self._queuing[thread_id]:
+                wake.again = False
+                await self._wake(thread_id, wake, assistant_id)
+                if not wake.again:
                     break
-                self._queuing[thread_id] = False
+            wake.failed = False
         except StorageUnavailableError:
-            self._unwoken[thread_id] = assistant_id
+            wake.failed, wake.assistant_id = True, assistant_id
             raise
         finally:
-            del self._queuing[thread_id]
-        self._unwoken.pop(thread_id, None)
+            wake.looking = False
+            self._forget_if_done(thread_id, wake)
 
     async def retry_wakes(self) -> None:
         """Wake the threads whose wake-up failed because the database could not be reached."""
-        for thread_id, assistant_id in list(self._unwoken.items()):
+        for thread_id, assistant_id in [(t, w.assistant_id) for t, w in self._wakes.items() if w.failed]:
             try:
                 await self.wake(thread_id, assistant_id)
             except (NotFoundError, InvalidRequestError) as exc:
-                self._unwoken.pop(thread_id, None)
+                wake = self._wakes[thread_id]  # (the call kept it: it had failed before)
+                wake.failed = False
+                self._forget_if_done(thread_id, wake)
                 logger.warning("cannot deliver mail waiting for thread %s: %s", thread_id, exc)
 
-    async def _wake(self, thread_id: str, assistant_id: str | None) -> None:
-        waking = self._waking.get(thread_id)
+    def _forget_if_done(self, thread_id: str, wake: _Wake) -> None:
+        if wake.run_id is None and not wake.looking and not wake.failed:
+            del self._wakes[thread_id]
+
+    async def _wake(self, thread_id: str, wake: _Wake, assistant_id: str | None) -> None:
+        waking = wake.run_id
         if not self.peers.shared and waking is not None and (
                 self.scheduler.is_unstarted(waking) or self.scheduler.is_executing(waking)):
             # A wake-up run queued or executing here reads the stored mail as it starts (or has
@@ -172,7 +180,7 @@ class Mail:
         # Resumable: no one created it to watch it, so a UI that learns of it late can still replay it.
         wake_up = NewRun(multitask_strategy="enqueue", wake=True, stream_resumable=True)
         row = await self.queue.create(thread_id, assistant, wake_up)
-        self._waking[thread_id] = row.run_id
+        wake.run_id = row.run_id
 
     async def wake_all(self) -> None:
         """Wake the threads with mail stored just before a crash, with no run left to take it (those of
@@ -191,6 +199,17 @@ class Mail:
         for task in list(self._refills):
             task.cancel()
         await asyncio.gather(*self._refills, return_exceptions=True)
+
+
+@dataclass(slots=True)
+class _Wake:
+    """How waking one thread stands in this process; forgotten once nothing of it is under way."""
+
+    run_id: str | None = None  # the wake-up run queued or executing here
+    looking: bool = False  # a wake call is looking at the thread or queuing its wake-up run
+    again: bool = False  # mail came while it looked: it looks again when done
+    failed: bool = False  # the database could not be reached: retry_wakes tries again, for assistant_id
+    assistant_id: str | None = None
 
 
 def _serves(served: Mapping[str, str], row: RunRow) -> bool:
