@@ -57,16 +57,35 @@ class ReadOnlyList(list[Any]):
 _ATOMS = frozenset({str, int, float, bool, type(None)})
 _EMPTY_DICT = ReadOnlyDict()  # shared: nobody can change them
 _EMPTY_LIST = ReadOnlyList()
+_set_item, _set_index = dict.__setitem__, list.__setitem__  # a rendering's own filling in, past its refusals
 
 
 def read_only(value: Any) -> Any:
     """``value`` with its dicts and lists (at any depth) as read-only copies; anything else as it is."""
-    if isinstance(value, dict):
-        if not value:
-            return _EMPTY_DICT
-        return ReadOnlyDict({key: item if type(item) in _ATOMS else read_only(item) for key, item in value.items()})
+    kind = type(value)
+    if kind is dict:
+        return _read_only_dict(value) if value else _EMPTY_DICT
+    if kind is list:
+        return _read_only_list(value) if value else _EMPTY_LIST
+    if isinstance(value, dict):  # a subclass: copied as a plain dict first
+        return read_only(dict(value))
     if isinstance(value, list):
-        if not value:
-            return _EMPTY_LIST
-        return ReadOnlyList([item if type(item) in _ATOMS else read_only(item) for item in value])
+        return read_only(list(value))
     return value
+
+
+# Copied whole at C speed, then the dicts and lists inside replaced by their renderings: most values are atoms.
+def _read_only_dict(value: dict[str, Any]) -> ReadOnlyDict:
+    rendered = ReadOnlyDict(value)
+    for key, item in value.items():
+        if type(item) not in _ATOMS:
+            _set_item(rendered, key, read_only(item))
+    return rendered
+
+
+def _read_only_list(value: list[Any]) -> ReadOnlyList:
+    rendered = ReadOnlyList(value)
+    for index, item in enumerate(value):
+        if type(item) not in _ATOMS:
+            _set_index(rendered, index, read_only(item))
+    return rendered
