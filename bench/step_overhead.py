@@ -37,7 +37,8 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -394,40 +395,41 @@ def measure_construction(framework: Framework, iterations: int, repeats: int) ->
     return Stats.of(samples)
 
 
-def measure_memory(framework: Framework, count: int) -> float:
-    """Bytes retained per agent while ``count`` agents are kept in a list."""
-    build = framework.build
-    build()
+@contextmanager
+def retained_bytes(per: int) -> Iterator[list[float]]:
+    """Yields a list that gets the bytes allocated in the block and still held at its end, divided by ``per``."""
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        agents = [build() for _ in range(count)]
+        per_one: list[float] = []
+        yield per_one
         gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
+        per_one.append((tracemalloc.get_traced_memory()[0] - before) / per)
     finally:
         tracemalloc.stop()
+
+
+def measure_memory(framework: Framework, count: int) -> float:
+    """Bytes retained per agent while ``count`` agents are kept in a list."""
+    build = framework.build
+    build()
+    with retained_bytes(count) as per_agent:
+        agents = [build() for _ in range(count)]
     del agents
-    return (after - before) / count
+    return per_agent[0]
 
 
 async def measure_compiled_memory(framework: Framework, count: int) -> float:
     """backchannel compiles on the first run: bytes per agent once each has run (one answer)."""
     build = framework.build
     await build().ainvoke(PROMPT)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
+    with retained_bytes(count) as per_agent:
         agents = [build() for _ in range(count)]
         for agent in agents:
             await agent.ainvoke(PROMPT)
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
     del agents
-    return (after - before) / count
+    return per_agent[0]
 
 
 async def measure_first_run_extra(framework: Framework, count: int) -> float:

@@ -220,7 +220,7 @@ class Agent:
             if reports:
                 self._lifecycle(ctx, "cancelled")
             await self._end(plan, ctx, RunResult("cancelled", state))
-        elif not _stops_run(exc):
+        elif not stops_run(exc):
             timed_out = isinstance(exc, TimeoutError) and ctx.deadline is not None
             if reports:
                 self._lifecycle(ctx, "failed", error=describe_error(exc))
@@ -661,9 +661,9 @@ def _is_message_dict(value: Mapping[str, Any]) -> bool:
     return ("role" in value or "type" in value) and "content" in value
 
 
-def _stops_run(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what it wraps) stops a run without ending it: its runtime's database is away, or
-    another process took the run over."""
+def stops_run(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (raised as is, or wrapped by a middleware) stops a run without ending it: its runtime's
+    database is away, or another process took the run over."""
     while exc is not None:
         if isinstance(exc, (StorageUnavailableError, LostRunError)):
             return True

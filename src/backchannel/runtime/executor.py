@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from backchannel._clock import now_iso
-from backchannel.agent import Agent, describe_error
+from backchannel.agent import Agent, describe_error, stops_run
 from backchannel.context import Breakpoints, RunContext
 from backchannel.errors import BackchannelError, LostRunError, NotFoundError, StorageUnavailableError
 from backchannel.messages import AnyMessage, ToolMessage, messages_from_input, pending_tool_calls
@@ -116,13 +116,13 @@ class Executor:
                 stored = status
                 await self._fail(row, status, error, trace)
             except Exception as exc:
-                if _stopped(exc):
+                if stops_run(exc):
                     raise
                 error = describe_error(exc)
                 stream.exception = exc
                 await self._fail(row, "error", error, trace)
         except Exception as exc:
-            if not _stopped(exc):
+            if not stops_run(exc):
                 raise
             # The database went away mid-run, or another process took the run over: nothing of its end
             # is recorded here. Once the database answers, it starts again from its last checkpoint if it
@@ -331,16 +331,6 @@ class Executor:
             with contextlib.suppress(StorageUnavailableError):
                 await self.storage.delete_run(row.run_id)
         return "interrupted"
-
-
-def _stopped(exc: BaseException | None) -> bool:
-    """Whether ``exc`` stops the run here without ending it (raised as is, or wrapped by a middleware): the
-    database is unreachable, or the run is no longer this process's."""
-    while exc is not None:
-        if isinstance(exc, (StorageUnavailableError, LostRunError)):
-            return True
-        exc = exc.__cause__
-    return False
 
 
 def _usage(trace: Trace) -> dict[str, Any] | None:
