@@ -139,6 +139,9 @@ class Mail:
         except StorageUnavailableError:
             wake.failed, wake.assistant_id = True, assistant_id
             raise
+        except (NotFoundError, InvalidRequestError):
+            wake.failed = False  # the thread is gone, or never ran an assistant: nothing to try again
+            raise
         finally:
             wake.looking = False
             self._forget_if_done(thread_id, wake)
@@ -149,9 +152,6 @@ class Mail:
             try:
                 await self.wake(thread_id, assistant_id)
             except (NotFoundError, InvalidRequestError) as exc:
-                wake = self._wakes[thread_id]  # (the call kept it: it had failed before)
-                wake.failed = False
-                self._forget_if_done(thread_id, wake)
                 logger.warning("cannot deliver mail waiting for thread %s: %s", thread_id, exc)
 
     def _forget_if_done(self, thread_id: str, wake: _Wake) -> None:
