@@ -203,13 +203,14 @@ class Checkpointer:
                      seq: int | None) -> tuple[list[CheckpointBase], list[CheckpointRow]]:
         """What the state at a checkpoint is folded from: the nearest base on its chain (with those it extends)
         and the checkpoints from the base's own, or without one the checkpoints from the nearest whole one or the
-        first. An empty chain: no such checkpoint."""
+        first. An empty chain: no such checkpoint. A thread's first checkpoints are folded without looking for a
+        base (their chain is no longer than a base spares)."""
         if seq is None:
             row = await self.storage.get_checkpoint(thread_id, checkpoint_id)
             if row is None:
                 return [], []
             seq = row.seq
-        bases = await self.storage.checkpoint_bases(thread_id, seq)
+        bases = await self.storage.checkpoint_bases(thread_id, seq) if seq > _BASE_EVERY else []
         if bases:
             chain = await self.storage.checkpoint_chain(thread_id, checkpoint_id, seq, since=bases[-1].seq)
             if chain and chain[0].checkpoint_id == bases[-1].checkpoint_id:

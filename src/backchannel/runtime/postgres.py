@@ -96,15 +96,22 @@ _COUNTS_LOCK = 0x6263_0004  # who sums the thread counts' rows (an advisory lock
 _CHANGES_SUMMED = 500  # thread status changes between two sums of the counts' rows
 
 # Forward migrations, one tuple of statements per schema version (see _migrations.py).
-# The nearest base at or before a seq, then each it extends, with their depth: the links followed first, then
-# the texts read (a recursive query would copy each text it carries).
+# The nearest base at or before a seq as one whole base: its own and the messages of those it extends joined in
+# one text (one large value comes in a few reads of the socket, many rows in one read each), and the previous
+# base of the oldest found (NULL when none is missing). The links are followed first, then the texts read (a
+# recursive query would copy each text it carries).
 _BASES = ("WITH RECURSIVE b(checkpoint_id, seq, prev_id, depth) AS ("
           "(SELECT checkpoint_id, seq, prev_id, 0 FROM checkpoint_bases "
           "WHERE thread_id = %(thread)s AND seq <= %(seq)s ORDER BY seq DESC LIMIT 1) "
           "UNION ALL SELECT c.checkpoint_id, c.seq, c.prev_id, b.depth + 1 "
           "FROM b JOIN checkpoint_bases c ON c.thread_id = %(thread)s AND c.checkpoint_id = b.prev_id "
-          "AND c.seq < b.seq) SELECT c.checkpoint_id, c.seq, c.prev_id, c.messages, c.rest, b.depth FROM b "
+          "AND c.seq < b.seq) "
+          "SELECT (array_agg(c.checkpoint_id ORDER BY b.depth))[1], (array_agg(c.seq ORDER BY b.depth))[1], "
+          "(array_agg(c.prev_id ORDER BY b.depth DESC))[1], "
+          "coalesce(string_agg(c.messages, ',' ORDER BY b.depth DESC) FILTER (WHERE c.messages <> ''), ''), "
+          "(array_agg(c.rest ORDER BY b.depth))[1], 0 FROM b "
           "JOIN checkpoint_bases c ON c.thread_id = %(thread)s AND c.checkpoint_id = b.checkpoint_id")
+
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         """CREATE TABLE threads (
@@ -875,8 +882,8 @@ class PostgresStorage(Storage):
         return chain
 
     async def checkpoint_bases(self, thread_id: str, seq: int) -> list[CheckpointBase]:
-        rows = await self._all(_BASES, {"thread": thread_id, "seq": seq})
-        return base_chain(thread_id, rows)
+        found = await self._one(_BASES, {"thread": thread_id, "seq": seq}, batched=False)
+        return base_chain(thread_id, [found] if found and found[0] is not None else [])
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         await self._write("UPDATE checkpoints SET next = %s WHERE thread_id = %s AND checkpoint_id = %s",

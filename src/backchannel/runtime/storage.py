@@ -257,8 +257,8 @@ class CheckpointStorage(Protocol):
 
     @abc.abstractmethod
     async def checkpoint_bases(self, thread_id: str, seq: int) -> list[CheckpointBase]:
-        """The nearest base at or before ``seq`` and those it extends, oldest (a whole one) first; empty when
-        there is none, or when one it extends is gone."""
+        """The nearest base at or before ``seq`` and those it extends, oldest (a whole one) first, or joined into
+        one whole base; empty when there is none, or when one it extends is gone."""
 
     @abc.abstractmethod
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
