@@ -95,3 +95,84 @@ async def test_runs_queued_at_once_on_one_new_thread_by_two_processes_run_one_af
             assert a_end <= b_start, f"two runs of thread {t} ran at once"
             values = (await first.threads.get_state(t))["values"]
             assert [m["content"] for m in values["messages"] if m["type"] == "human"] == ["go", "go"]
+
+
+def count_round_trips(rt) -> list[int]:
+    """How many times the runtime's Postgres storage takes a connection (a round trip at least each), from now on."""
+    taken = [0]
+    pool = rt.storage.pool
+    acquire = pool.acquire
+
+    async def counted():
+        taken[0] += 1
+        return await acquire()
+
+    pool.acquire = counted
+    return taken
+
+
+async def test_a_run_on_a_thread_it_makes_starts_without_reading_the_thread(postgres_url):
+    # A thread made in the write that claims its run has no state and no mail to read (issue 22.2): checked in
+    # that write, so the run starts from an empty state with no read of its own; a thread with a past still is.
+    async with LocalRuntime(postgres_url, agents={"agent": echo_agent()}) as rt:
+        await rt.runs.wait(None, "agent", input=user("warm up"))
+        reads: list[str] = []
+        for name in ("head_checkpoint", "inbox"):
+            read = getattr(rt.storage, name)
+
+            async def counted(*args, _read=read, _name=name):
+                reads.append(_name)
+                return await _read(*args)
+
+            setattr(rt.storage, name, counted)
+        threads = [str(uuid.uuid4()) for _ in range(5)]
+        for i, thread_id in enumerate(threads):
+            values = await rt.runs.wait(thread_id, "agent", input=user(f"new {i}"), if_not_exists="create")
+            assert [m["content"] for m in values["messages"]] == [f"new {i}", f"echo: new {i}"]
+            stateless = await rt.runs.wait(None, "agent", input=user(f"alone {i}"))
+            assert stateless["messages"][-1]["content"] == f"echo: alone {i}"
+        assert reads == [], f"runs on threads they made read {reads}"
+        values = await rt.runs.wait(threads[0], "agent", input=user("again"))
+        assert [m["content"] for m in values["messages"]] == ["new 0", "echo: new 0", "again", "echo: again"]
+        assert sorted(reads) == ["head_checkpoint", "inbox"]
+
+
+async def test_a_thread_made_with_its_run_is_blank_only_without_checkpoints_or_mail(postgres_url):
+    from backchannel._clock import now_iso
+    from backchannel.messages import HumanMessage
+    from backchannel.runtime import open_storage
+    from backchannel.runtime.rows import CheckpointRow, Delta, RunRow, ThreadRow
+
+    storage = open_storage(postgres_url)
+    await storage.open()
+    try:
+        now = now_iso()
+
+        def run(thread_id: str) -> RunRow:
+            return RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
+
+        for thread_id in ("blank", "with a checkpoint", "with mail"):
+            await storage.create_thread(ThreadRow(thread_id, now, now, status="busy"))
+        await storage.put_checkpoint(CheckpointRow("with a checkpoint", "c1", None, 1, None, Delta.of({}), "", {},
+                                                   now))
+        await storage.put_inbox("with mail", "k", HumanMessage("news"), now)
+        assert await storage.create_claimed_run(run("with a checkpoint"), "c", blank=True) == "pending"
+        assert await storage.create_claimed_run(run("with mail"), "c", blank=True) == "pending"
+        assert await storage.create_claimed_run(run("blank"), "c", blank=True) == "running"
+    finally:
+        await storage.close()
+
+
+async def test_a_one_step_run_takes_few_round_trips_to_the_database(postgres_url):
+    # Each round trip costs both sides CPU, and with several processes (fewer runs in flight in each) fewer
+    # of them are shared between runs (issue 22.2). On a new thread: the assistant and the thread read together,
+    # the run stored and claimed with its thread, the input, the step, the end (the message to other processes
+    # about the new run goes with one of those writes).
+    async with LocalRuntime(postgres_url, agents={"agent": echo_agent()}) as rt:
+        await rt.runs.wait(None, "agent", input=user("warm up"))
+        taken = count_round_trips(rt)
+        for i in range(10):
+            values = await rt.runs.wait(str(uuid.uuid4()), "agent", input=user(f"new {i}"), if_not_exists="create")
+            assert values["messages"][-1]["content"] == f"echo: new {i}"
+        # 5 a run, and a few for the runtime's own looks (crons once a second, heartbeats) meanwhile
+        assert taken[0] <= 10 * 5 + 8, f"{taken[0] / 10:.1f} round trips a run"

@@ -108,6 +108,12 @@ class Checkpointer:
         self._remember(thread_id, state)
         return state
 
+    def blank(self, thread_id: str) -> ThreadState:
+        """The state of a thread known to have no checkpoint yet (made a moment ago), without a read."""
+        state = ThreadState(empty_state(), None, newest=True)
+        self._remember(thread_id, state)
+        return state
+
     async def at(self, thread_id: str, checkpoint_id: str, reducers: Mapping[str, Reducer], *,
                  seq: int | None = None) -> ThreadState:
         """The thread's state at ``checkpoint_id`` (a fresh copy, folded from its nearest base and the deltas since,

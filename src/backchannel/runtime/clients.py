@@ -542,13 +542,14 @@ class RunsClient:
     async def _create(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any], *,
                       watched: bool = False, once: bool = False) -> dict[str, Any]:
         await self._open()
-        assistant = await self._catalog.resolve(assistant_id)
+        # The thread is read with the assistant (one round trip where the storage batches a tick's reads).
+        assistant, thread = await asyncio.gather(self._catalog.resolve(assistant_id), self._queue.thread(thread_id))
         run = _checked_run(self._registry, assistant, options, watched=watched, once=once)
         notification = notification_in(run.input) if thread_id is not None and run.command is None else None
         if thread_id is not None and notification is not None:
             created = await self._deliver(thread_id, assistant.assistant_id, notification)
         else:
-            created = render_run(await self._queue.create(thread_id, assistant, run))
+            created = render_run(await self._queue.create(thread_id, assistant, run, stored=thread))
         if options.get("on_run_created") is not None:
             options["on_run_created"]({"run_id": created["run_id"], "thread_id": created["thread_id"]})
         return created

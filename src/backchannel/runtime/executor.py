@@ -76,8 +76,9 @@ class Executor:
         self._spawn = spawn
         self._is_open = is_open
 
-    async def execute(self, row: RunRow, stream: RunStream) -> None:
-        """Run ``row`` to its end (the scheduler's task for it)."""
+    async def execute(self, row: RunRow, stream: RunStream, *, blank: bool = False) -> None:
+        """Run ``row`` to its end (the scheduler's task for it); ``blank``: its thread is known to have no
+        checkpoint and no mail (it was made with the run), so neither is read."""
         started = time.monotonic()
         status: RunStatus = "error"
         error: dict[str, Any] | None = None
@@ -94,7 +95,7 @@ class Executor:
                     raise RunAttemptsError(row.attempts - 1)
                 # The agent's run is awaited here, not in a helper: each frame under a run stays suspended as
                 # long as it (a thousand background subagents hold a thousand of each).
-                state, ctx, stage = await self._ready(row, agent, stream, trace)
+                state, ctx, stage = await self._ready(row, agent, stream, trace, blank)
                 if ctx is None:  # nothing to run (a run resumed after its last step still ends: on_end)
                     result = RunResult("success", state.values)
                 else:
@@ -164,20 +165,24 @@ class Executor:
             payload["error"] = render_error(error)
         self._spawn(post_webhook(row.kwargs["webhook"], payload))
 
-    async def _ready(self, row: RunRow, agent: Agent, stream: RunStream,
-                     trace: Trace) -> tuple[ThreadState, RunContext | None, str]:
+    async def _ready(self, row: RunRow, agent: Agent, stream: RunStream, trace: Trace,
+                     blank: bool) -> tuple[ThreadState, RunContext | None, str]:
         """The run's state, its context and the stage it starts at (no context: it has nothing to run)."""
         kwargs = row.kwargs
         reducers = agent.state_reducers()
-        state = await self._load_state(row, reducers)
+        claim = _claim_of(row)
+        if blank:
+            state = self.checkpoints.blank(row.thread_id)
+            inbox = await self.mail.open_inbox(row.thread_id, claim, empty=True)
+        else:  # read together: one round trip where the storage batches a tick's reads
+            state, inbox = await asyncio.gather(self._load_state(row, reducers),
+                                                self.mail.open_inbox(row.thread_id, claim))
         pending = {}
         resuming = state.head is not None and state.head.run_id == row.run_id  # after a crash
         if resuming:
             stored = await self.storage.pending_writes(row.thread_id)
             pending = {call_id: _decode_pending(value) for call_id, value in stored.items()}
         stage, resume = await self._prepare(row, state, reducers, stream, agent)
-        claim = _claim_of(row)
-        inbox = await self.mail.open_inbox(row.thread_id, claim)
         if kwargs.get("wake") and not resuming and not inbox.drain():
             stage = ""  # another run took the mail that was to wake the thread
         step = state.head.metadata.get("step", 0) if state.head else 0

@@ -219,10 +219,10 @@ class LocalRuntime:
         """The stream of a run another process executes, fed by it (``None`` when no other process could)."""
         return self.peers.follow(row, values) if self.peers.shared else None
 
-    def _execute(self, row: RunRow, stream: RunStream) -> Coroutine[Any, Any, None]:
+    def _execute(self, row: RunRow, stream: RunStream, blank: bool) -> Coroutine[Any, Any, None]:
         # The scheduler is made before the executor (which uses it): it starts runs through here (a plain
         # function: a coroutine here would stay suspended as long as the run).
-        return self.executor.execute(row, stream)
+        return self.executor.execute(row, stream, blank=blank)
 
     # -- runs seen from inside this process ------------------------------------------
 

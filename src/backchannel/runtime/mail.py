@@ -74,10 +74,12 @@ class Mail:
 
     # -- the inboxes of runs executing here
 
-    async def open_inbox(self, thread_id: str, claim: RunClaim | None = None) -> ThreadInbox:
-        """The inbox of the thread's run starting here (under ``claim``), with the mail stored for it."""
+    async def open_inbox(self, thread_id: str, claim: RunClaim | None = None, *, empty: bool = False) -> ThreadInbox:
+        """The inbox of the thread's run starting here (under ``claim``), with the mail stored for it (none is
+        read if the thread is known to have ``empty`` inbox: made with the run)."""
         inbox = self._inboxes[thread_id] = ThreadInbox(self.storage, thread_id, claim=claim)
-        await self.refill(thread_id)  # registered first: mail announced meanwhile is not missed
+        if not empty:
+            await self.refill(thread_id)  # registered first: mail announced meanwhile is not missed
         return inbox
 
     def close_inbox(self, thread_id: str, run_id: str) -> bool:

@@ -256,6 +256,11 @@ _NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT c.metadata ->> 'parent_thread_id
                     "ON c.thread_id = r.thread_id WHERE r.status IN ('pending', 'running') "
                     "AND c.metadata ->> 'parent_thread_id' IS NOT NULL) "
                     "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
+# A thread with nothing for a run to read as it starts: no checkpoint, no mail waiting (see create_claimed_run).
+_BLANK = ("AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %(thread)s) "
+          "AND NOT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %(thread)s AND NOT delivered) ")
+# Volatile functions run after ORDER BY: the notifications go out in the order they were queued.
+_NOTIFY = "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i"
 _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
 _CRONS = CronSQL("%s", metadata_equals=lambda key, value: (_json_equals("metadata"), [key, dump(value)]),
                  any_of=lambda column, values: (f"{column} = ANY(%s)", list(values)), insertion_order="seq")
@@ -605,7 +610,7 @@ class PostgresStorage(Storage):
             "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = %s FOR SHARE)",
             (*run_values(row), row.thread_id)))
 
-    async def create_claimed_run(self, row: RunRow, claim: str) -> RunStatus | None:
+    async def create_claimed_run(self, row: RunRow, claim: str, *, blank: bool = False) -> RunStatus | None:
         # Queued with the tick's other writes (the thread's, made busy before it): no claim transaction of its
         # own. Running only if the thread is busy (as this run's writes made it) with no other run, and its claim
         # lock is free (no claim of it under way); a run made running elsewhere meanwhile makes the insert
@@ -616,6 +621,7 @@ class PostgresStorage(Storage):
         found = await self._write_one(
             f"WITH free AS (SELECT 1 WHERE EXISTS ({thread} AND status = 'busy' FOR SHARE) "
             "AND NOT EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s AND status IN ('pending', 'running')) "
+            f"{_BLANK if blank else ''}"
             "AND pg_try_advisory_xact_lock(%(lock)s, hashtext(%(thread)s))), "
             f"i AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {_named('r', 18)} FROM free ON CONFLICT DO NOTHING "
             "  RETURNING 1), "
@@ -1160,18 +1166,19 @@ class PostgresCoordinator(Coordinator):
         return True
 
     async def _notify(self, batch: list[str]) -> None:
-        big = any(len(text.encode()) > _NOTIFY_LIMIT for text in batch)
-        # Without a payload to store, one statement (atomic all the same): one round trip instead of three.
-        async with self.storage.pool.connection() as conn, (conn.transaction() if big else contextlib.nullcontext()):
+        if not any(len(text.encode()) > _NOTIFY_LIMIT for text in batch):
+            # Without a payload to store, one statement, sent with the writes of the tick (or of the next batch):
+            # no round trip of its own. Sent as the batch commits, in the order queued.
+            await self.storage._write(_NOTIFY, (self.channel, batch))
+            return
+        async with self.storage.pool.connection() as conn, conn.transaction():
             payloads = []
             for text in batch:
                 if len(text.encode()) > _NOTIFY_LIMIT:
                     cursor = await conn.execute("INSERT INTO notifications (payload) VALUES (%s) RETURNING id", (text,))
                     text = json.dumps({"ref": (await cursor.fetchone())[0]})  # type: ignore[index]
                 payloads.append(text)
-            # Volatile functions run after ORDER BY: the notifications go out in the order they were queued.
-            await conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i",
-                               (self.channel, payloads))
+            await conn.execute(_NOTIFY, (self.channel, payloads))
 
     async def _listen_forever(self, listening: asyncio.Future[None]) -> None:
         delay = _RETRY_FIRST

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from backchannel._clock import now_iso
 from backchannel.errors import ConflictError, InvalidRequestError, NotFoundError, StorageUnavailableError
@@ -80,11 +80,17 @@ class RunQueue:
 
     # -- creating
 
-    async def create(self, thread_id: str | None, assistant: AssistantRow, run: NewRun) -> RunRow:
+    async def thread(self, thread_id: str | None) -> ThreadRow | None:
+        """The thread's row as :meth:`create` needs it (``None``: no such thread, or none named)."""
+        return None if thread_id is None else await self.storage.get_thread(thread_id)
+
+    async def create(self, thread_id: str | None, assistant: AssistantRow, run: NewRun, *,
+                     stored: ThreadRow | None | Literal["unread"] = "unread") -> RunRow:
         """Queue a run of ``assistant`` (status ``pending``); it starts as soon as its thread is free.
 
         Without ``thread_id`` the run is stateless: it gets a thread of its own, deleted when it ends
         (unless ``on_completion="keep"``). With ``run.once``, a thread that exists gives its first run.
+        ``stored`` is the thread's row if the caller read it already (with :meth:`thread`).
         """
         if_not_exists = run.if_not_exists
         temporary = thread_id is None
@@ -93,7 +99,7 @@ class RunQueue:
                 raise InvalidRequestError("You must provide a thread_id when resuming.")
             thread_id = str(uuid.uuid4())
             if_not_exists = "create"
-        thread = await self.storage.get_thread(thread_id)
+        thread = await self.storage.get_thread(thread_id) if stored == "unread" else stored
         if thread is not None and run.once:  # the same call made again (a tool call resumed after a crash)
             first = (await self.storage.list_runs(thread_id, limit=1_000_000))[-1:]
             if first:
@@ -141,7 +147,7 @@ class RunQueue:
         """Store the run and its thread, busy: in one transaction where the backend groups a tick's writes.
         On a ``free`` thread the run may be claimed in it, and started: returns whether it was."""
         created = False
-        store = self.scheduler.store(row, free_thread=free)
+        store = self.scheduler.store(row, free_thread=free, new_thread=new_thread)
         if new_thread:
             created, stored = await asyncio.gather(self.storage.create_thread(thread), store)
         else:

@@ -45,7 +45,7 @@ class Scheduler:
 
     def __init__(self, storage: RunStorage, streams: Streams, peers: Peers, *, worker_id: str,
                  max_concurrency: int,
-                 execute: Callable[[RunRow, RunStream], Coroutine[Any, Any, None]],
+                 execute: Callable[[RunRow, RunStream, bool], Coroutine[Any, Any, None]],
                  sweep: Callable[[], Coroutine[Any, Any, object]] | None = None, sweep_interval: float = 300.0) -> None:
         self.storage = storage
         self.streams = streams
@@ -199,11 +199,12 @@ class Scheduler:
     def _free(self) -> int:
         return self.max_concurrency - len(self._tasks) - len(self._inserting)
 
-    async def store(self, row: RunRow, *, free_thread: bool) -> RunStatus | None:
+    async def store(self, row: RunRow, *, free_thread: bool, new_thread: bool = False) -> RunStatus | None:
         """Store a run queued here (see :meth:`queued`). On a ``free_thread`` (no other run of it is known), due
         now, with a slot free, it is claimed in the same write where the storage can, and started: ``"running"``.
         Else it waits for a claim (the caller kicks the scheduler once it may start): ``"pending"``. ``None``:
-        not stored, its thread is gone."""
+        not stored, its thread is gone. On a ``new_thread`` (made in the same write), it is claimed so only if
+        the thread is blank (no checkpoint, no mail), and starts without reading its state."""
         if not (free_thread and row.concurrency_key is None and row.scheduled_at <= row.created_at
                 and self._free() > 0 and row.run_id in self._unstarted):
             return "pending" if await self.storage.create_run(row) else None
@@ -213,7 +214,7 @@ class Scheduler:
         claiming = asyncio.Event()
         self._claims.add(claiming)
         try:
-            stored = await self.storage.create_claimed_run(row, token)
+            stored = await self.storage.create_claimed_run(row, token, blank=new_thread)
         except StorageUnavailableError:
             # Its commit may have happened all the same: the run then starts once the database answers.
             self._inserting.discard(row.run_id)
@@ -224,7 +225,7 @@ class Scheduler:
             claiming.set()
         if stored == "running":
             self._inserting.discard(row.run_id)
-            self._start(replace(row, status="running", attempts=1, claim=token))
+            self._start(replace(row, status="running", attempts=1, claim=token), blank=new_thread)
         elif row.run_id in self._inserting:  # not cancelled meanwhile
             self._inserting.discard(row.run_id)
             if stored == "pending":  # it waits for a claim
@@ -271,11 +272,12 @@ class Scheduler:
             stream.finish("interrupted")
         self.streams.retire(stream)
 
-    def _start(self, row: RunRow) -> None:
+    def _start(self, row: RunRow, *, blank: bool = False) -> None:
+        """Start executing a run claimed here (``blank``: its thread has no state or mail to read yet)."""
         stream = self.streams.get(row.run_id) or self.streams.new(row)
         self._unstarted.discard(row.run_id)
         context = self._contexts.pop(row.run_id, None) or contextvars.copy_context()
-        task = asyncio.create_task(self._execute(row, stream), context=context)
+        task = asyncio.create_task(self._execute(row, stream, blank), context=context)
         self._tasks[row.run_id] = task
         self.peers.run_started(row, stream)
         if row.run_id in self._cancel_actions:  # cancelled while it was being claimed

@@ -116,11 +116,13 @@ class RunStorage(Protocol):
         """Insert a run; ``False`` (nothing inserted) if its thread is gone, checked in the statement that inserts,
         so a run is never stored on a thread deleted meanwhile (and a thread deleted after it takes it along)."""
 
-    async def create_claimed_run(self, row: RunRow, claim: str) -> RunStatus | None:
+    async def create_claimed_run(self, row: RunRow, claim: str, *, blank: bool = False) -> RunStatus | None:
         """Insert a pending run of ``row.worker_id``'s, as :meth:`create_run` does (``None``: not inserted, its thread
         is gone), and if its thread is ``busy`` (the caller's writes made it so before) with no other run pending
         or running, claim it in the same write: stored running under the token ``claim``, its first attempt
-        (``"running"``; else ``"pending"``). Backends whose claims cost little leave it to :meth:`claim_runs`."""
+        (``"running"``; else ``"pending"``). With ``blank``, only on a thread with no checkpoint and no mail
+        waiting (one the caller's writes just made): the run may then start from an empty state without reading
+        it. Backends whose claims cost little leave it to :meth:`claim_runs`."""
         return "pending" if await self.create_run(row) else None
 
     @abc.abstractmethod
