@@ -1,6 +1,7 @@
 """Checkpoints: one per step, deltas that grow linearly, reading earlier states, and forking from them."""
 
 import asyncio
+import uuid
 
 import orjson
 import pytest
@@ -29,6 +30,25 @@ async def test_a_checkpoint_per_step(make_runtime):
     assert all(h["metadata"]["run_id"] == run_id for h in history)
     assert history[0]["values"] == result
     assert len({h["checkpoint_id"] for h in history}) == 6
+
+
+async def test_a_checkpoint_per_step_on_a_thread_made_with_its_run(make_runtime):
+    # On Postgres, the run's input is recorded in the write that stores and claims the run (issue 22.2): the
+    # same checkpoints, and the same stream, as on a thread that existed.
+    rt = await make_runtime({"agent": looping_agent(1)})
+    tid = str(uuid.uuid4())
+    values = [part.data async for part in rt.runs.stream(tid, "agent", input=user("go"), stream_mode="values",
+                                                         if_not_exists="create") if part.event == "values"]
+    assert [len(v["messages"]) for v in values] == [1, 2, 3, 4]
+    history = await rt.threads.get_history(tid, limit=100)
+    assert [h["metadata"]["source"] for h in reversed(history)] == ["input", "loop", "loop", "loop"]
+    assert [h["metadata"]["step"] for h in reversed(history)] == [-1, 0, 1, 2]
+    assert [h["next"] for h in reversed(history)] == [["model"], ["tools"], ["model"], []]
+    assert [h["parent_checkpoint"] for h in reversed(history)][:2] == [
+        None, {"thread_id": tid, "checkpoint_ns": "", "checkpoint_id": history[-1]["checkpoint_id"]}]
+    assert history[0]["values"] == values[-1]
+    again = await rt.runs.wait(tid, "agent", input=user("again"))
+    assert contents(again)[:4] == contents(values[-1]) and contents(again)[4] == "again"
 
 
 async def test_checkpoints_store_deltas_not_copies(make_runtime):

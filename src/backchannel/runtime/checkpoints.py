@@ -110,9 +110,7 @@ class Checkpointer:
 
     def blank(self, thread_id: str) -> ThreadState:
         """The state of a thread known to have no checkpoint yet (made a moment ago), without a read."""
-        state = ThreadState(empty_state(), None, newest=True)
-        self._remember(thread_id, state)
-        return state
+        return ThreadState(empty_state(), None, newest=True)
 
     async def at(self, thread_id: str, checkpoint_id: str, reducers: Mapping[str, Reducer], *,
                  seq: int | None = None) -> ThreadState:
@@ -287,31 +285,47 @@ class Checkpointer:
             newest = await self.storage.head_checkpoint(thread_id)
             seq = max(seq, newest.seq + 1) if newest is not None else seq
         parent = state.head
-        delta = Delta.of(update)
-        state.folded += len(delta.text)
-        whole = self._whole_if_due(state, update)
-        row = CheckpointRow(
-            thread_id, new_id(), parent.checkpoint_id if parent else None, seq, run_id,
-            delta if whole is None else whole, next_stage, {"source": source, "step": step}, now_iso(),
-            whole is not None)
+        row = self._next_row(thread_id, state, update, seq, next_stage=next_stage, source=source, run_id=run_id,
+                             step=step)
         base = None if row.whole else self._base_if_due(state, row, _appends(update, before, state.values), fork)
         if not await self.storage.put_checkpoint(row, claim, base=base,
                                                  parent_seq=None if row.whole or parent is None else parent.seq):
             # Its parent is gone (its run was deleted meanwhile): the state is recorded whole.
             row.delta, row.whole, base = _whole_delta(state), True, None
             await self.storage.put_checkpoint(row, claim)
-        if row.whole:
-            state.folded = state.looked = len(delta_text(row.delta))
-            state.base_id, state.since_base = None, 0  # reads start at it: the next base, whole, comes in due time
-        elif base is not None:
-            state.base_id, state.base_count, state.since_base = row.checkpoint_id, base.count, 0
-        else:
-            state.since_base += 1
-        state.count(row)
-        state.head = row
-        state.newest = True
+        _advance(state, row, base)
         self._remember(thread_id, state)
         return row
+
+    def first(self, thread_id: str, update: Mapping[str, Any], *, next_stage: str, source: str, run_id: str,
+              step: int, reducers: Mapping[str, Reducer]) -> ThreadState | None:
+        """The state of a thread with no checkpoint after ``update``, with the checkpoint that records it as its
+        head, for the caller to write (not cached here: see :meth:`adopt`); ``None`` if that checkpoint is to be
+        written with a base (:meth:`write` writes it)."""
+        state = ThreadState(empty_state(), None, newest=True)
+        apply_update(state.values, update, reducers)
+        row = self._next_row(thread_id, state, update, 1, next_stage=next_stage, source=source, run_id=run_id,
+                             step=step)
+        if not row.whole and self._base_if_due(state, row, _appends(update, 0, state.values), False) is not None:
+            return None
+        _advance(state, row, None)
+        return state
+
+    def adopt(self, thread_id: str, state: ThreadState) -> None:
+        """Cache ``state`` as the thread's newest (its head was written by the caller)."""
+        self._remember(thread_id, state)
+
+    def _next_row(self, thread_id: str, state: ThreadState, update: Mapping[str, Any], seq: int, *,
+                  next_stage: str, source: str, run_id: str | None, step: int) -> CheckpointRow:
+        """The checkpoint recording ``update`` (merged into ``state`` already) after ``state.head``."""
+        parent = state.head
+        delta = Delta.of(update)
+        state.folded += len(delta.text)
+        whole = self._whole_if_due(state, update)
+        return CheckpointRow(
+            thread_id, new_id(), parent.checkpoint_id if parent else None, seq, run_id,
+            delta if whole is None else whole, next_stage, {"source": source, "step": step}, now_iso(),
+            whole is not None)
 
     @staticmethod
     def _base_if_due(state: ThreadState, row: CheckpointRow, appends: bool, fork: bool) -> _Base | None:
@@ -350,6 +364,20 @@ class Checkpointer:
                 self.forget(thread_id)
                 return
         raise ConflictError(f"checkpoints keep being written after those of run {run_id}: try again")
+
+
+def _advance(state: ThreadState, row: CheckpointRow, base: _Base | None) -> None:
+    """``row`` (recording the state as it is now, written with ``base`` if any) becomes the state's head."""
+    if row.whole:
+        state.folded = state.looked = len(delta_text(row.delta))
+        state.base_id, state.since_base = None, 0  # reads start at it: the next base, whole, comes in due time
+    elif base is not None:
+        state.base_id, state.base_count, state.since_base = row.checkpoint_id, base.count, 0
+    else:
+        state.since_base += 1
+    state.count(row)
+    state.head = row
+    state.newest = True
 
 
 def _whole_delta(state: ThreadState) -> Delta:

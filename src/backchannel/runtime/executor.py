@@ -76,9 +76,9 @@ class Executor:
         self._spawn = spawn
         self._is_open = is_open
 
-    async def execute(self, row: RunRow, stream: RunStream, *, blank: bool = False) -> None:
-        """Run ``row`` to its end (the scheduler's task for it); ``blank``: its thread is known to have no
-        checkpoint and no mail (it was made with the run), so neither is read."""
+    async def execute(self, row: RunRow, stream: RunStream, *, blank: ThreadState | None = None) -> None:
+        """Run ``row`` to its end (the scheduler's task for it). ``blank``: its thread was made with it (no mail),
+        and this is its state, as :meth:`blank_start` made it and the run's claim wrote it; nothing is read."""
         started = time.monotonic()
         status: RunStatus = "error"
         error: dict[str, Any] | None = None
@@ -166,23 +166,29 @@ class Executor:
         self._spawn(post_webhook(row.kwargs["webhook"], payload))
 
     async def _ready(self, row: RunRow, agent: Agent, stream: RunStream, trace: Trace,
-                     blank: bool) -> tuple[ThreadState, RunContext | None, str]:
+                     blank: ThreadState | None) -> tuple[ThreadState, RunContext | None, str]:
         """The run's state, its context and the stage it starts at (no context: it has nothing to run)."""
         kwargs = row.kwargs
         reducers = agent.state_reducers()
         claim = _claim_of(row)
-        if blank:
-            state = self.checkpoints.blank(row.thread_id)
+        if blank is not None:
+            state = blank
+            self.checkpoints.adopt(row.thread_id, state)
             inbox = await self.mail.open_inbox(row.thread_id, claim, empty=True)
         else:  # read together: one round trip where the storage batches a tick's reads
             state, inbox = await asyncio.gather(self._load_state(row, reducers),
                                                 self.mail.open_inbox(row.thread_id, claim))
         pending = {}
-        resuming = state.head is not None and state.head.run_id == row.run_id  # after a crash
+        resuming = blank is None and state.head is not None and state.head.run_id == row.run_id  # after a crash
         if resuming:
             stored = await self.storage.pending_writes(row.thread_id)
             pending = {call_id: _decode_pending(value) for call_id, value in stored.items()}
-        stage, resume = await self._prepare(row, state, reducers, stream, agent)
+        resume: dict[str, Any] = {}
+        if blank is not None and blank.head is not None:  # its input, written with its claim
+            stage = "before_agent"
+            self._show_input(row, state, stream, agent)
+        else:
+            stage, resume = await self._prepare(row, state, reducers, stream, agent)
         if kwargs.get("wake") and not resuming and not inbox.drain():
             stage = ""  # another run took the mail that was to wake the thread
         step = state.head.metadata.get("step", 0) if state.head else 0
@@ -244,9 +250,29 @@ class Executor:
         await self.checkpoints.write(row.thread_id, state, update, next_stage="before_agent", source="input",
                                      claim=_claim_of(row),
                                      run_id=row.run_id, step=step + 1, reducers=reducers)
+        self._show_input(row, state, stream, agent)
+        return "before_agent", resume
+
+    def blank_start(self, row: RunRow) -> ThreadState:
+        """The state a run starts from on a thread made with it: its input applied, with the checkpoint that
+        records it as its head, for its claim to write (no head: the run writes what it has to itself)."""
+        kwargs = row.kwargs
+        agent = self.registry.agent_of_run(row)
+        if agent is None or kwargs.get("input") is None or kwargs.get("command") or kwargs.get("wake") \
+                or kwargs.get("checkpoint_id"):
+            return self.checkpoints.blank(row.thread_id)
+        try:
+            update = input_update(kwargs["input"])
+        except Exception:  # the run fails on it as it starts, as any run would
+            return self.checkpoints.blank(row.thread_id)
+        return self.checkpoints.first(row.thread_id, update, next_stage="before_agent", source="input",
+                                      run_id=row.run_id, step=-1, reducers=agent.state_reducers()) \
+            or self.checkpoints.blank(row.thread_id)
+
+    def _show_input(self, row: RunRow, state: ThreadState, stream: RunStream, agent: Agent) -> None:
+        """The state with the run's input applied goes to the run's stream (if it shows values)."""
         if stream.bus.wants_values:
             stream.publish("values", snapshot(state.values), agent=agent.graph_name, thread_id=row.thread_id)
-        return "before_agent", resume
 
     async def _finish(self, row: RunRow, agent: Agent, state: ThreadState, result: RunResult,
                       trace: Trace) -> tuple[RunStatus, dict[str, Any], bool]:

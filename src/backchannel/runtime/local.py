@@ -31,7 +31,7 @@ from backchannel.messages import AnyMessage
 from backchannel.protocols import HostRuntime
 from backchannel.runtime.assistants import AssistantCatalog
 from backchannel.runtime.backends import DEFAULT_STORE, open_storage
-from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer
+from backchannel.runtime.checkpoints import IDLE_STATES_KEPT, Checkpointer, ThreadState
 from backchannel.runtime.clients import AssistantsClient, CronsClient, RunsClient, StoreClient, ThreadsClient
 from backchannel.runtime.commands import ThreadCommands
 from backchannel.runtime.crons import CronScheduler
@@ -98,7 +98,8 @@ class LocalRuntime:
                                    clock=clock)
         self.scheduler = Scheduler(self.storage, self.streams, self.peers, worker_id=self.worker_id,
                                    max_concurrency=max_concurrency, execute=self._execute,
-                                   sweep=self.retention.sweep, sweep_interval=self.retention.sweep_interval)
+                                   blank_start=self._blank_start, sweep=self.retention.sweep,
+                                   sweep_interval=self.retention.sweep_interval)
         self.queue = RunQueue(self.storage, self.streams, self.scheduler, self.peers, self.checkpoints,
                               self.registry, worker_id=self.worker_id)
         self.metrics = RunMetrics()
@@ -219,10 +220,13 @@ class LocalRuntime:
         """The stream of a run another process executes, fed by it (``None`` when no other process could)."""
         return self.peers.follow(row, values) if self.peers.shared else None
 
-    def _execute(self, row: RunRow, stream: RunStream, blank: bool) -> Coroutine[Any, Any, None]:
+    def _execute(self, row: RunRow, stream: RunStream, blank: ThreadState | None) -> Coroutine[Any, Any, None]:
         # The scheduler is made before the executor (which uses it): it starts runs through here (a plain
         # function: a coroutine here would stay suspended as long as the run).
         return self.executor.execute(row, stream, blank=blank)
+
+    def _blank_start(self, row: RunRow) -> ThreadState:
+        return self.executor.blank_start(row)
 
     # -- runs seen from inside this process ------------------------------------------
 

@@ -602,6 +602,8 @@ class PostgresStorage(Storage):
 
     # -- runs
 
+    claims_on_insert = True
+
     async def create_run(self, row: RunRow) -> bool:
         # The thread's row locked (shared) while the run goes in: a delete of the thread waits for this commit and
         # then deletes the run too, or has committed already and the run is not inserted.
@@ -610,7 +612,8 @@ class PostgresStorage(Storage):
             "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = %s FOR SHARE)",
             (*run_values(row), row.thread_id)))
 
-    async def create_claimed_run(self, row: RunRow, claim: str, *, blank: bool = False) -> RunStatus | None:
+    async def create_claimed_run(self, row: RunRow, claim: str, *, blank: bool = False,
+                                 first: CheckpointRow | None = None) -> RunStatus | None:
         # Queued with the tick's other writes (the thread's, made busy before it): no claim transaction of its
         # own. Running only if the thread is busy (as this run's writes made it) with no other run, and its claim
         # lock is free (no claim of it under way); a run made running elsewhere meanwhile makes the insert
@@ -618,6 +621,9 @@ class PostgresStorage(Storage):
         # create_run locks it: a delete of the thread waits for this commit, or has committed and nothing goes in.
         running = replace(row, status="running", attempts=1, claim=claim)
         thread = "SELECT 1 FROM threads WHERE thread_id = %(thread)s"
+        first = first if blank else None  # the blank thread's first checkpoint, written only with the run claimed
+        first_checkpoint = (f"c AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {_named('c', 10)} FROM i), "
+                            if first else "")
         found = await self._write_one(
             f"WITH free AS (SELECT 1 WHERE EXISTS ({thread} AND status = 'busy' FOR SHARE) "
             "AND NOT EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s AND status IN ('pending', 'running')) "
@@ -625,12 +631,14 @@ class PostgresStorage(Storage):
             "AND pg_try_advisory_xact_lock(%(lock)s, hashtext(%(thread)s))), "
             f"i AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {_named('r', 18)} FROM free ON CONFLICT DO NOTHING "
             "  RETURNING 1), "
+            f"{first_checkpoint}"
             f"p AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {_named('p', 18)} WHERE NOT EXISTS (SELECT 1 FROM i) "
             f"  AND EXISTS ({thread} FOR SHARE) RETURNING 1) "
             "SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM p)",
             {"thread": row.thread_id, "lock": _THREAD_LOCK,
              **{f"r{i}": v for i, v in enumerate(run_values(running))},
-             **{f"p{i}": v for i, v in enumerate(run_values(row))}})
+             **{f"p{i}": v for i, v in enumerate(run_values(row))},
+             **({f"c{i}": v for i, v in enumerate(checkpoint_values(first))} if first else {})})
         return None if not found else "running" if found[0] else "pending" if found[1] else None
 
     async def get_run(self, run_id: str) -> RunRow | None:

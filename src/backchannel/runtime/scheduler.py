@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backchannel._clock import now_iso
 from backchannel._ids import new_id
@@ -27,6 +27,9 @@ from backchannel.runtime.peers import Peers
 from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow, RunStatus
 from backchannel.runtime.storage import RunStorage
 from backchannel.runtime.streams import RunStream, Streams
+
+if TYPE_CHECKING:
+    from backchannel.runtime.checkpoints import ThreadState
 
 __all__ = ["Scheduler"]
 
@@ -45,7 +48,8 @@ class Scheduler:
 
     def __init__(self, storage: RunStorage, streams: Streams, peers: Peers, *, worker_id: str,
                  max_concurrency: int,
-                 execute: Callable[[RunRow, RunStream, bool], Coroutine[Any, Any, None]],
+                 execute: Callable[[RunRow, RunStream, ThreadState | None], Coroutine[Any, Any, None]],
+                 blank_start: Callable[[RunRow], ThreadState] | None = None,
                  sweep: Callable[[], Coroutine[Any, Any, object]] | None = None, sweep_interval: float = 300.0) -> None:
         self.storage = storage
         self.streams = streams
@@ -53,6 +57,7 @@ class Scheduler:
         self.worker_id = worker_id
         self.max_concurrency = max_concurrency
         self._execute = execute
+        self._blank_start = blank_start  # the state a run on a thread made with it starts from (see store)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._contexts: dict[str, contextvars.Context] = {}
         self._cancel_actions: dict[str, CancelAction] = {}
@@ -204,28 +209,32 @@ class Scheduler:
         now, with a slot free, it is claimed in the same write where the storage can, and started: ``"running"``.
         Else it waits for a claim (the caller kicks the scheduler once it may start): ``"pending"``. ``None``:
         not stored, its thread is gone. On a ``new_thread`` (made in the same write), it is claimed so only if
-        the thread is blank (no checkpoint, no mail), and starts without reading its state."""
-        if not (free_thread and row.concurrency_key is None and row.scheduled_at <= row.created_at
-                and self._free() > 0 and row.run_id in self._unstarted):
+        the thread is blank (no checkpoint, no mail), and starts without reading its state: the checkpoint of its
+        input is written with it."""
+        if not (self.storage.claims_on_insert and free_thread and row.concurrency_key is None
+                and row.scheduled_at <= row.created_at and self._free() > 0 and row.run_id in self._unstarted):
             return "pending" if await self.storage.create_run(row) else None
         token = new_id()
+        running = replace(row, status="running", attempts=1, claim=token)
+        blank = self._blank_start(running) if new_thread and self._blank_start else None
         self._unstarted.discard(row.run_id)
         self._inserting.add(row.run_id)
         claiming = asyncio.Event()
         self._claims.add(claiming)
         try:
-            stored = await self.storage.create_claimed_run(row, token, blank=new_thread)
+            stored = await self.storage.create_claimed_run(row, token, blank=blank is not None,
+                                                           first=blank.head if blank else None)
         except StorageUnavailableError:
             # Its commit may have happened all the same: the run then starts once the database answers.
             self._inserting.discard(row.run_id)
-            self.stranded(replace(row, status="running", attempts=1, claim=token))
+            self.stranded(running)
             raise
         finally:
             self._claims.discard(claiming)
             claiming.set()
         if stored == "running":
             self._inserting.discard(row.run_id)
-            self._start(replace(row, status="running", attempts=1, claim=token), blank=new_thread)
+            self._start(running, blank=blank)
         elif row.run_id in self._inserting:  # not cancelled meanwhile
             self._inserting.discard(row.run_id)
             if stored == "pending":  # it waits for a claim
@@ -272,8 +281,8 @@ class Scheduler:
             stream.finish("interrupted")
         self.streams.retire(stream)
 
-    def _start(self, row: RunRow, *, blank: bool = False) -> None:
-        """Start executing a run claimed here (``blank``: its thread has no state or mail to read yet)."""
+    def _start(self, row: RunRow, *, blank: ThreadState | None = None) -> None:
+        """Start executing a run claimed here (``blank``: on a thread with no mail, from this state, written)."""
         stream = self.streams.get(row.run_id) or self.streams.new(row)
         self._unstarted.discard(row.run_id)
         context = self._contexts.pop(row.run_id, None) or contextvars.copy_context()

@@ -111,18 +111,22 @@ class RunStorage(Protocol):
     A process that lost a run (taken over while it stalled) can change nothing about it.
     """
 
+    claims_on_insert: bool = False  # whether create_claimed_run may claim (see there)
+
     @abc.abstractmethod
     async def create_run(self, row: RunRow) -> bool:
         """Insert a run; ``False`` (nothing inserted) if its thread is gone, checked in the statement that inserts,
         so a run is never stored on a thread deleted meanwhile (and a thread deleted after it takes it along)."""
 
-    async def create_claimed_run(self, row: RunRow, claim: str, *, blank: bool = False) -> RunStatus | None:
+    async def create_claimed_run(self, row: RunRow, claim: str, *, blank: bool = False,
+                                 first: CheckpointRow | None = None) -> RunStatus | None:
         """Insert a pending run of ``row.worker_id``'s, as :meth:`create_run` does (``None``: not inserted, its thread
         is gone), and if its thread is ``busy`` (the caller's writes made it so before) with no other run pending
         or running, claim it in the same write: stored running under the token ``claim``, its first attempt
         (``"running"``; else ``"pending"``). With ``blank``, only on a thread with no checkpoint and no mail
         waiting (one the caller's writes just made): the run may then start from an empty state without reading
-        it. Backends whose claims cost little leave it to :meth:`claim_runs`."""
+        it, and ``first`` (the thread's first checkpoint, the run's) is written with it, only if it is claimed.
+        Backends whose claims cost little (``claims_on_insert`` false) leave it to :meth:`claim_runs`."""
         return "pending" if await self.create_run(row) else None
 
     @abc.abstractmethod
