@@ -61,7 +61,12 @@ async def test_a_runtime_cancels_a_run_another_executes(runtimes):
     a, b = await runtimes(echo_agent(latency=5))
     tid = (await a.threads.create())["thread_id"]
     run = await a.runs.create(tid, "agent", input=user("hi"))
+
+    async def input_recorded() -> bool:  # running, and past its first step (cancelled before it, it keeps none)
+        return bool((await b.threads.get_state(tid))["values"].get("messages"))
+
     await eventually(lambda: run_status_is(b, tid, run["run_id"], "running"))
+    await eventually(input_recorded)
     started = time.monotonic()
     await b.runs.cancel(tid, run["run_id"], wait=True)
     assert time.monotonic() - started < 2
