@@ -113,3 +113,32 @@ async def test_a_heartbeat_does_not_wait_behind_a_write_held_by_a_lock(postgres_
     finally:
         await locker.close()
         await storage.close()
+
+
+async def test_writes_made_together_take_one_round_trip(postgres_url, monkeypatch):
+    # Writes made in one tick go in one transaction: the pipeline's own (its statements up to its one Sync), not
+    # psycopg's transaction(), which syncs after BEGIN and around COMMIT in a pipeline, a round trip each (22.2).
+    from psycopg import _pipeline_base
+
+    syncs = []
+    enqueue_sync = _pipeline_base.BasePipeline._enqueue_sync
+
+    def counted(pipeline):
+        syncs.append(1)
+        return enqueue_sync(pipeline)
+
+    storage = open_storage(postgres_url)
+    await storage.open()
+    try:
+        now = now_iso()
+        monkeypatch.setattr(_pipeline_base.BasePipeline, "_enqueue_sync", counted)
+        made = await asyncio.gather(*(storage.create_thread(ThreadRow(f"t{i}", now, now)) for i in range(5)))
+        assert made == [True] * 5 and len(syncs) == 1
+        # a batch with a statement the database refuses is rolled back, and made again one statement at a time:
+        # only that one fails
+        again = await asyncio.gather(storage.create_thread(ThreadRow("t5", now, now)), storage._write("SELECT 1 / 0"),
+                                     storage.create_thread(ThreadRow("t6", now, now)), return_exceptions=True)
+        assert again[0] is True and again[2] is True and "division by zero" in str(again[1])
+        assert {t.thread_id for t in await storage.search_threads(limit=10)} == {f"t{i}" for i in range(7)}
+    finally:
+        await storage.close()

@@ -384,7 +384,7 @@ class PostgresStorage(Storage):
     async def _read_batch(self, batch: list[_Statement]) -> None:
         try:
             async with self.pool.connection() as conn:
-                await _run_batch(conn, batch, transaction=False)
+                await _run_batch(conn, batch)
         except BaseException as exc:  # no connection (or the storage closed): every read of the batch fails
             _fail_all(batch, exc if isinstance(exc, Exception) else
                          StorageUnavailableError("the storage closed before the read was made"))
@@ -1235,12 +1235,13 @@ class _Statement(NamedTuple):
     done: asyncio.Future[Any]
 
 
-async def _run_batch(conn: AsyncConnection[Any], batch: list[_Statement], *, transaction: bool = True) -> None:
-    """Run a batch of statements pipelined, writes in one transaction; if one fails, each on its own (only it
-    fails)."""
+async def _run_batch(conn: AsyncConnection[Any], batch: list[_Statement]) -> None:
+    """Run a batch of statements pipelined, in one transaction; if one fails, each on its own (only it fails)."""
     if len(batch) > 1:
         try:
-            async with conn.pipeline(), (conn.transaction() if transaction else contextlib.nullcontext()):
+            # The statements up to the pipeline's one Sync are one (implicit) transaction: all commit or none.
+            # psycopg's transaction() in a pipeline would sync after BEGIN and around COMMIT, each a round trip.
+            async with conn.pipeline():
                 cursors = [await conn.execute(w.sql, w.params) for w in batch]
             results = [await _result(c, w.what) for c, w in zip(cursors, batch)]
         except psycopg.Error:
