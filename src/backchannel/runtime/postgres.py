@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import uuid
@@ -1332,6 +1333,7 @@ async def _lock_claims(conn: AsyncConnection, candidates: list[RunRow]) -> list[
     return claimed
 
 
+@functools.cache  # statements that use it are made for every run
 def _named(prefix: str, count: int) -> str:
     """Placeholders ``%(<prefix>0)s, …`` for ``count`` values passed by those names."""
     return ", ".join(f"%({prefix}{i})s" for i in range(count))
