@@ -48,7 +48,6 @@ from backchannel.messages import AIMessage, HumanMessage, message_to_dict
 from backchannel.middleware import Middleware
 from backchannel.protocols import HostRuntime
 from backchannel.tracing import trace_context
-from backchannel.workspace.state import FILES_KEY
 
 __all__ = ["CompletionNotifier", "ParentContext", "format_notification", "notification_message"]
 
@@ -138,7 +137,7 @@ class CompletionNotifier(Middleware):
             if state.get("parent_thread_id"):
                 await self._notify(runtime, state, ctx, notification_message(
                     state["task_id"], ctx.agent, status, detail, ctx.run_id, trace_context(),
-                    files=bool(state.get(FILES_KEY))))
+                    files=_holds_files(state)))
         elif ctx.metadata.get("parent_thread_id") and ctx.thread_id is not None:  # started by deepagents
             subagent = ctx.metadata.get("subagent_name") or ctx.agent
             await self._wake_deepagents_parent(runtime, ctx, notification_message(
@@ -180,6 +179,14 @@ class CompletionNotifier(Middleware):
                                          multitask_strategy="reject")
         except BackchannelError as exc:  # gone, busy after all, or unreachable: it finds out when it checks
             logger.info("task %s could not wake its supervisor's thread %s: %s", ctx.thread_id, parent, exc)
+
+
+def _holds_files(state: Mapping[str, Any]) -> bool:
+    """Whether a task's state holds files (imported here: a server with no background subagent, which only
+    they notify from, never loads the workspace)."""
+    from backchannel.workspace.state import FILES_KEY
+
+    return bool(state.get(FILES_KEY))
 
 
 def _outcome(result: RunResult) -> tuple[str | None, str]:
