@@ -106,11 +106,24 @@ researcher = SlowWhenAsked(["Tea was first drunk in China, about 2700 BC."], loo
 
 @tool
 async def noisy_tool() -> str:
-    """Log a warning and warn, after a moment (while the person is typing)."""
+    """Log a warning and warn."""
     logging.getLogger("backchannel.chat_script").info("the noisy tool starts")
-    await asyncio.sleep(3.0)  # time for the test to reach the chat's question first, even on a loaded machine
+    return _make_noise()
+
+
+@tool(name="noisy_tool")  # the noisy model calls it
+async def noisy_tool_on_cue() -> str:
+    """Log a warning and warn once the file ``cue`` appears in the home directory: when the test has seen the
+    chat ask its question (a fixed delay was too short on a loaded machine, the noise came before the question)."""
+    logging.getLogger("backchannel.chat_script").info("the noisy tool starts")
+    while not (Path.home() / "cue").exists():
+        await asyncio.sleep(0.05)
+    return _make_noise()
+
+
+def _make_noise() -> str:
     logging.getLogger("backchannel.chat_script").warning("a log line from the noisy tool")
-    warnings.warn("a Python warning from the noisy tool", UserWarning, stacklevel=1)
+    warnings.warn("a Python warning from the noisy tool", UserWarning, stacklevel=2)
     return "noise made"
 
 

@@ -39,6 +39,7 @@ model = "chat_script:noisy"
 tools = ["chat_script:noisy_tool"]
 background = true
 """
+NOISY_ON_CUE = NOISY.replace("noisy_tool", "noisy_tool_on_cue")  # it makes its noise once ~/cue exists
 
 
 def chat_env(home: Path) -> dict[str, str]:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from terminal import BACKCHANNEL, NOISY, Terminal, chat_env, write_config
+from terminal import BACKCHANNEL, NOISY_ON_CUE, Terminal, chat_env, write_config
 
 from backchannel.runtime import LocalRuntime
 
@@ -400,13 +400,14 @@ def test_the_preview_says_what_was_cut_beyond_six_bullets(chat):
 
 
 def test_warnings_print_above_the_prompt_and_verbose_shows_the_librarys_log_lines(chat, home):
-    write_config(home, NOISY)
+    write_config(home, NOISY_ON_CUE)
     t = chat("--verbose")
     t.type("make some noise")
     t.expect(r"I started a researcher on it in the background")
-    t.type("/handoff")  # the noise arrives while the chat asks a question
+    t.type("/handoff")
     t.expect(r"handoff [0-9a-f-]{36} proposed for thread [0-9a-f-]{36}: model=scripted tokens_used=\d+")
     t.expect(r"accept, edit or reject\? \[a/e/r\]")
+    (home / "cue").touch()  # the noise arrives while the chat asks its question
     t.expect(r"a Python warning from the noisy tool")
     t.settle(1.0)
     screen = t.display()
