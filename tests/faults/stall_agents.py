@@ -1,4 +1,4 @@
-"""The agent of the stalled-server test: three slow steps, then an answer."""
+"""The agent of the stalled-server test: six slow steps, then an answer."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 from backchannel import ScriptedModel, create_agent, tool
 
-STEPS = 3
+STEPS = 6  # 3 s a run: runs are still in hand when the server is stopped, even on a loaded machine
 
 
 @tool

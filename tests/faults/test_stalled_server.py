@@ -2,7 +2,7 @@
 
 Issue 15.6. Two ``backchannel serve`` processes share a Postgres database; the
 other takes a server for dead 3 s after its last heartbeat. One is stopped
-(SIGSTOP) while it runs eight runs, just after a heartbeat, so that when it
+(SIGSTOP) while it runs its eight runs, just after a heartbeat, so that when it
 resumes its runs' next steps come before its next heartbeat (which would tell it
 it lost them); it stays stopped (8 s at least) until the other has taken the runs
 over and finished them, however long a loaded machine makes that take. The
@@ -27,6 +27,7 @@ from backchannel.runtime import open_storage
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "server"))
 from server_helpers import ProcessServer, user  # noqa: E402
+from stall_agents import STEPS  # noqa: E402
 
 RUNS = 8
 LEASE = 3.0  # how long the other server waits for the stalled one's heartbeat
@@ -82,6 +83,11 @@ async def test_a_server_resuming_after_losing_its_runs_changes_nothing_about_the
         stalled.process.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
+            # what it has in hand (runs ended before the stop are its own, and not what this test is about)
+            in_hand = [r["run_id"] for r in runs
+                       if (row := await storage.get_run(r["run_id"])).status == "running" and row.worker_id == worker]
+            assert in_hand, "every run ended before the server was stopped"
+
             async def all_succeeded() -> bool:
                 return all(row.status == "success" for row in [await storage.get_run(r["run_id"]) for r in runs])
 
@@ -91,7 +97,8 @@ async def test_a_server_resuming_after_losing_its_runs_changes_nothing_about_the
             stalled.process.send_signal(signal.SIGCONT)
         await asyncio.sleep(4.0)  # what the resumed server had in hand is done (or refused) by now
 
-        taken_over = {(await storage.get_run(r["run_id"])).worker_id for r in runs}
+        taken_over = {(await storage.get_run(run_id)).worker_id for run_id in in_hand}
+        [other_worker] = [w for w, (info, _) in (await storage.workers()).items() if info["pid"] == other.process.pid]
         async with httpx.AsyncClient(base_url=other.url, timeout=30) as http:
             for thread, run in zip(threads, runs):
                 ended = (await http.get(f"/threads/{thread}/runs/{run['run_id']}")).json()
@@ -99,9 +106,9 @@ async def test_a_server_resuming_after_losing_its_runs_changes_nothing_about_the
                 state = (await http.get(f"/threads/{thread}")).json()
                 assert state["status"] == "idle", state
                 messages = state["values"]["messages"]
-                assert [m["type"] for m in messages] == ["human"] + ["ai", "tool"] * 3 + ["ai"], messages
+                assert [m["type"] for m in messages] == ["human"] + ["ai", "tool"] * STEPS + ["ai"], messages
                 assert [m["content"] for m in messages if m["type"] == "tool"] == \
-                    [f"step {i} done" for i in (1, 2, 3)]
+                    [f"step {i} done" for i in range(1, STEPS + 1)]
                 assert messages[-1]["content"] == "finished"
                 history = (await http.post(f"/threads/{thread}/history", json={"limit": 100})).json()
                 steps = [h["metadata"]["step"] for h in reversed(history)]
@@ -114,7 +121,7 @@ async def test_a_server_resuming_after_losing_its_runs_changes_nothing_about_the
             assert answer.json()["messages"][-1]["content"] == "finished"
         log = (tmp_path / "stalled.log").read_text()
         assert "Traceback" not in log, log[-3000:]
-        assert len(taken_over) == 1  # all taken over by the other server
+        assert taken_over == {other_worker}  # all it had in hand taken over by the other server
     finally:
         await storage.close()
         for server in (stalled, other):
