@@ -142,3 +142,23 @@ async def test_writes_made_together_take_one_round_trip(postgres_url, monkeypatc
         assert {t.thread_id for t in await storage.search_threads(limit=10)} == {f"t{i}" for i in range(7)}
     finally:
         await storage.close()
+
+
+async def test_a_transaction_left_open_by_a_stopped_process_does_not_hold_its_locks_for_ever(postgres_url):
+    """A process stopped mid-transaction (SIGSTOP, a paused VM) held the locks of the rows it wrote for as long
+    as it stayed stopped: the process taking its runs over waited on them (a stalled-server test timed out)."""
+    stalled, other = open_storage(postgres_url), open_storage(postgres_url)
+    await stalled.open()
+    await other.open()
+    try:
+        now = now_iso()
+        await other.create_thread(ThreadRow("t", now, now))
+        async with stalled.pool.connection() as conn:
+            await conn.execute("BEGIN")
+            await conn.execute("UPDATE threads SET status = 'busy' WHERE thread_id = 't'")
+            # ... and its process stops here: the other's write waits for the server to end that transaction
+            await asyncio.wait_for(other.update_thread("t", status="idle"), 30)  # a hang without the fix
+        assert (await other.get_thread("t")).status == "idle"
+    finally:
+        await stalled.close()
+        await other.close()

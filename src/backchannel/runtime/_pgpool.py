@@ -31,6 +31,8 @@ __all__ = ["ConnectionPool", "unavailable"]
 
 logger = logging.getLogger("backchannel")
 
+IDLE_IN_TRANSACTION_LIMIT = 10  # seconds a transaction may wait for its client before the server ends it
+
 
 class ConnectionPool:
     """Up to ``size`` connections to ``url``; ``async with pool.connection() as conn: ...``."""
@@ -70,7 +72,7 @@ class ConnectionPool:
     async def _connect(self) -> AsyncConnection[Any]:
         self._open += 1
         try:
-            conn = await AsyncConnection.connect(self.url, autocommit=True)
+            conn = await _open(self.url)
         except BaseException as exc:
             self._open -= 1
             self._hand_over(None)
@@ -115,6 +117,19 @@ class ConnectionPool:
             if not waiter.done():
                 waiter.set_exception(RuntimeError("the storage is not open"))
         await asyncio.gather(*(_close_quietly(c) for c in idle))
+
+
+async def _open(url: str) -> AsyncConnection[Any]:
+    conn = await AsyncConnection.connect(url, autocommit=True)
+    try:
+        # A process stopped mid-transaction (SIGSTOP, a paused VM) would hold the locks of the rows it wrote for as
+        # long as it stays stopped, and the processes taking its runs over would wait on them: the server ends
+        # such a transaction (ours idle only while the event loop lags, a second or two on a loaded machine).
+        await conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_LIMIT}s'")
+    except BaseException:
+        await _close_quietly(conn)
+        raise
+    return conn
 
 
 class _Lent:
