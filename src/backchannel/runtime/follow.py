@@ -63,7 +63,7 @@ class Follower:
                               metadata={k: v for k, v in run["metadata"].items() if k != "assistant_id"})
         parts = mapper.parts
         async for batch in events.batches():
-            found = [part for event in batch for part in parts(event)]
+            found = parts(batch[0]) if len(batch) == 1 else [part for event in batch for part in parts(event)]
             if found:
                 yield found
         if stream.status == "error" and stream.error:  # LangGraph sends no error event for a timeout

@@ -60,26 +60,27 @@ class StreamMapper:
         self._step = 0
         self._only_tuples = self.modes == {"messages-tuple"}
 
-    def parts(self, event: Event) -> Iterator[StreamPart]:
+    def parts(self, event: Event) -> list[StreamPart]:
         """The parts ``event`` becomes (none, one, or a few)."""
         nested = bool(event.namespace)
         if nested and not self.subgraphs and event.type != "lifecycle":
-            return
+            return []
         if self._only_tuples and not nested and event.type == "message" and event.data["event"] == "delta":
             # A model's token, the most frequent event by far: as a messages-tuple part, straight.
-            yield StreamPart("messages", [_chunk(event.data, event.agent), self._chunk_meta(event)], str(event.seq))
-            return
-        suffix = "".join(f"|{segment}" for segment in wire_namespace(event.namespace)) if nested else ""
-        event_id = str(event.seq)
+            return [StreamPart("messages", [_chunk(event.data, event.agent), self._chunk_meta(event)], str(event.seq))]
         handler = getattr(self, f"_on_{event.type}", None)
         if handler is None:
-            return
+            return []
+        suffix = "".join(f"|{segment}" for segment in wire_namespace(event.namespace)) if nested else ""
+        event_id = str(event.seq)
+        parts = []
         for mode, data in handler(event):
             if mode in self.modes or (mode.startswith("messages/") and "messages" in self.modes):
                 # messages-tuple parts are named "messages" on the wire (and namespaced, unlike messages/*)
                 base = "messages" if mode == "messages-tuple" else mode
                 name = mode if mode.startswith("messages/") else base + suffix
-                yield StreamPart(name, data, event_id)
+                parts.append(StreamPart(name, data, event_id))
+        return parts
 
     # Each _on_<type> yields (mode, data) pairs; parts() keeps the requested ones.
 
