@@ -31,8 +31,12 @@ from backchannel.errors import ConflictError, NotFoundError
 from backchannel.events import Event, EventBus
 from backchannel.messages import (
     REMOVE_ALL_MESSAGES,
+    AIMessage,
     AnyMessage,
+    HumanMessage,
     RemoveMessage,
+    SystemMessage,
+    ToolMessage,
     message_to_dict,
     messages_from_input,
     new_id,
@@ -67,6 +71,7 @@ class ThreadState:
     base_id: str | None = None  # the checkpoint of the nearest base on its chain, when the steps since only appended
     base_count: int = 0  # messages at that base
     since_base: int = 0  # checkpoints since that base (or since where its read started, without one)
+    texts: list[str] | None = None  # the JSON texts of the messages written since that base, when known
 
     def count(self, row: CheckpointRow) -> None:
         """Note how many messages the state holds at ``row`` (what a history taken back from it needs)."""
@@ -285,15 +290,16 @@ class Checkpointer:
             newest = await self.storage.head_checkpoint(thread_id)
             seq = max(seq, newest.seq + 1) if newest is not None else seq
         parent = state.head
-        row = self._next_row(thread_id, state, update, seq, next_stage=next_stage, source=source, run_id=run_id,
-                             step=step)
-        base = None if row.whole else self._base_if_due(state, row, _appends(update, before, state.values), fork)
+        row, written = self._next_row(thread_id, state, update, seq, next_stage=next_stage, source=source,
+                                      run_id=run_id, step=step)
+        appends = _appends(update, before, state.values)
+        base = None if row.whole else self._base_if_due(state, row, appends, fork, written)
         if not await self.storage.put_checkpoint(row, claim, base=base,
                                                  parent_seq=None if row.whole or parent is None else parent.seq):
             # Its parent is gone (its run was deleted meanwhile): the state is recorded whole.
             row.delta, row.whole, base = _whole_delta(state), True, None
             await self.storage.put_checkpoint(row, claim)
-        _advance(state, row, base)
+        _advance(state, row, base, update, written)
         self._remember(thread_id, state)
         return row
 
@@ -304,11 +310,12 @@ class Checkpointer:
         written with a base (:meth:`write` writes it)."""
         state = ThreadState(empty_state(), None, newest=True)
         apply_update(state.values, update, reducers)
-        row = self._next_row(thread_id, state, update, 1, next_stage=next_stage, source=source, run_id=run_id,
-                             step=step)
-        if not row.whole and self._base_if_due(state, row, _appends(update, 0, state.values), False) is not None:
+        row, written = self._next_row(thread_id, state, update, 1, next_stage=next_stage, source=source,
+                                      run_id=run_id, step=step)
+        if not row.whole and self._base_if_due(state, row, _appends(update, 0, state.values), False,
+                                               written) is not None:
             return None
-        _advance(state, row, None)
+        _advance(state, row, None, update, written)
         return state
 
     def adopt(self, thread_id: str, state: ThreadState) -> None:
@@ -316,32 +323,37 @@ class Checkpointer:
         self._remember(thread_id, state)
 
     def _next_row(self, thread_id: str, state: ThreadState, update: Mapping[str, Any], seq: int, *,
-                  next_stage: str, source: str, run_id: str | None, step: int) -> CheckpointRow:
-        """The checkpoint recording ``update`` (merged into ``state`` already) after ``state.head``."""
+                  next_stage: str, source: str, run_id: str | None, step: int) -> tuple[CheckpointRow, str | None]:
+        """The checkpoint recording ``update`` (merged into ``state`` already) after ``state.head``, and the text of
+        the messages it wrote (see :func:`_encoded`)."""
         parent = state.head
-        delta = Delta.of(update)
+        delta, written = _encoded(update)
         state.folded += len(delta.text)
         whole = self._whole_if_due(state, update)
         return CheckpointRow(
             thread_id, new_id(), parent.checkpoint_id if parent else None, seq, run_id,
             delta if whole is None else whole, next_stage, {"source": source, "step": step}, now_iso(),
-            whole is not None)
+            whole is not None), written
 
     @staticmethod
-    def _base_if_due(state: ThreadState, row: CheckpointRow, appends: bool, fork: bool) -> _Base | None:
+    def _base_if_due(state: ThreadState, row: CheckpointRow, appends: bool, fork: bool,
+                     written: str | None) -> _Base | None:
         """The base to write with ``row``: every so many checkpoints, at a step that did more than append
         messages (the steps after a base only append), and at a fork (so a read finds the nearest base before
-        a checkpoint, by seq, on its own chain). It holds the messages since the previous base, or all of them
-        after such a step or without a base known; their text is encoded once more (at most a base's worth of
-        messages, except in a whole one)."""
+        a checkpoint, by seq, on its own chain). It holds the messages since the previous base, their texts as
+        their steps wrote them (``written``: this step's), or all of them, encoded, after such a step or without
+        a base known."""
         if appends and not fork and state.since_base + 1 < _BASE_EVERY:
             return None
         messages = state.values.get("messages") or []
         prev = state.base_id if appends else None
-        new = messages[state.base_count:] if prev is not None else messages
+        if prev is not None and state.texts is not None:
+            text = ",".join(t for t in (*state.texts, written) if t)
+        else:
+            new = messages[state.base_count:] if prev is not None else messages
+            text = dumps(list(new))[1:-1] if new else ""
         rest = dumps({k: v for k, v in state.values.items() if k != "messages"})
-        return _Base(row.thread_id, row.checkpoint_id, row.seq, prev, dumps(list(new))[1:-1] if new else "", rest,
-                     count=len(messages))
+        return _Base(row.thread_id, row.checkpoint_id, row.seq, prev, text, rest, count=len(messages))
 
     def _whole_if_due(self, state: ThreadState, update: Mapping[str, Any]) -> Delta | None:
         """The whole state, when a read would fold more than twice its size (looked at each time the fold doubles,
@@ -366,15 +378,21 @@ class Checkpointer:
         raise ConflictError(f"checkpoints keep being written after those of run {run_id}: try again")
 
 
-def _advance(state: ThreadState, row: CheckpointRow, base: _Base | None) -> None:
-    """``row`` (recording the state as it is now, written with ``base`` if any) becomes the state's head."""
+def _advance(state: ThreadState, row: CheckpointRow, base: _Base | None, update: Mapping[str, Any],
+             written: str | None) -> None:
+    """``row`` (recording ``update``, the state as it is now, written with ``base`` if any; ``written``: the text
+    of its messages) becomes the state's head."""
     if row.whole:
         state.folded = state.looked = len(delta_text(row.delta))
         state.base_id, state.since_base = None, 0  # reads start at it: the next base, whole, comes in due time
     elif base is not None:
-        state.base_id, state.base_count, state.since_base = row.checkpoint_id, base.count, 0
+        state.base_id, state.base_count, state.since_base, state.texts = row.checkpoint_id, base.count, 0, []
     else:
         state.since_base += 1
+        if written and state.texts is not None:
+            state.texts.append(written)
+        elif not written and update.get("messages"):
+            state.texts = None  # messages not written from objects: the next base encodes them again
     state.count(row)
     state.head = row
     state.newest = True
@@ -390,6 +408,17 @@ class _Base(CheckpointBase):
     """A base as written, with the number of messages it makes (what the next one starts after)."""
 
     count: int = 0
+
+
+def _encoded(update: Mapping[str, Any]) -> tuple[Delta, str | None]:
+    """A step's delta, and the JSON text of the messages it wrote (joined by commas, no brackets): encoded apart,
+    so a base takes them as they are."""
+    messages = update.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, _MESSAGES) for m in messages):
+        return Delta.of(update), None  # (a message given as a dict is read back in the form a fold gives it)
+    written = dumps(messages)
+    rest = {k: v for k, v in update.items() if k != "messages"}
+    return Delta(f'{{"messages":{written}{"," + dumps(rest)[1:] if rest else "}"}', update), written[1:-1]
 
 
 def _appends(update: Mapping[str, Any], before: int | None, values: Mapping[str, Any]) -> bool:
@@ -449,6 +478,7 @@ def _rendered(message: AnyMessage, rendered: dict[str, tuple[AnyMessage, dict[st
 
 
 _MESSAGE_TYPES = frozenset({"human", "ai", "system", "tool"})
+_MESSAGES = (HumanMessage, AIMessage, SystemMessage, ToolMessage)
 
 
 def _is_stored(message: Any) -> bool:
