@@ -11,6 +11,13 @@ at every step): the state's own size is looked at each time that fold has
 doubled, so looking costs little. Deleting a run's checkpoints makes the
 checkpoints that followed them whole, so every other state stays as it was.
 
+Every so many checkpoints a *base* stores the thread's messages as JSON text
+(those since the previous base, as their steps wrote them), and so does a step
+that did more than append messages or that forked: the steps after a base only
+append, so a state is its bases' texts joined and the few deltas since, and a
+read of a long thread folds a bounded number of deltas. A caller that only
+encodes a state (the server) gets that text unparsed, as ``orjson.Fragment``s.
+
 The newest state of recently used threads is kept in memory, so a run never
 refolds a thread it just wrote. Reads that only render (history, a state at a
 checkpoint) fold JSON values and build no message objects.
