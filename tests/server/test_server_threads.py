@@ -93,11 +93,12 @@ async def test_copy_keeps_the_history(client):
 
 async def test_update_state_on_a_busy_thread_is_409(server, client):
     thread = await client.threads.create()
-    run = await client.runs.create(thread["thread_id"], "slow", input=user("busy"))
+    # 5 s a run: still going when the update comes, even on a loaded machine (a run of 0.4 s could end first)
+    run = await client.runs.create(thread["thread_id"], "glacial", input=user("busy"))
     async with httpx.AsyncClient(base_url=server.url) as http:
         response = await http.post(f"/threads/{thread['thread_id']}/state", json={"values": {"messages": []}})
     assert response.status_code == 409 and "in-flight runs" in response.json()["detail"]
-    await client.runs.join(thread["thread_id"], run["run_id"])
+    await client.runs.cancel(thread["thread_id"], run["run_id"], wait=True)
 
 
 async def test_an_unknown_checkpoint_is_404(client):
