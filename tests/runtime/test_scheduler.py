@@ -137,9 +137,9 @@ async def test_a_run_on_a_thread_it_makes_starts_without_reading_the_thread(post
         assert sorted(reads) == ["head_checkpoint", "inbox"]
 
 
-async def test_a_thread_made_with_its_run_is_blank_only_without_checkpoints_or_mail(postgres_url):
+async def test_a_run_is_claimed_with_the_thread_it_makes_only_if_it_makes_it(postgres_url):
+    # One statement makes the thread, stores the run and claims it, with the run's first checkpoint (issue 22.2).
     from backchannel._clock import now_iso
-    from backchannel.messages import HumanMessage
     from backchannel.runtime import open_storage
     from backchannel.runtime.rows import CheckpointRow, Delta, RunRow, ThreadRow
 
@@ -151,14 +151,27 @@ async def test_a_thread_made_with_its_run_is_blank_only_without_checkpoints_or_m
         def run(thread_id: str) -> RunRow:
             return RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
 
-        for thread_id in ("blank", "with a checkpoint", "with mail"):
-            await storage.create_thread(ThreadRow(thread_id, now, now, status="busy"))
-        await storage.put_checkpoint(CheckpointRow("with a checkpoint", "c1", None, 1, None, Delta.of({}), "", {},
-                                                   now))
-        await storage.put_inbox("with mail", "k", HumanMessage("news"), now)
-        assert await storage.create_claimed_run(run("with a checkpoint"), "c", blank=True) == "pending"
-        assert await storage.create_claimed_run(run("with mail"), "c", blank=True) == "pending"
-        assert await storage.create_claimed_run(run("blank"), "c", blank=True) == "running"
+        def first(thread_id: str, run_id: str) -> CheckpointRow:
+            return CheckpointRow(thread_id, "c1", None, 1, run_id, Delta.of({}), "before_agent", {}, now)
+
+        made = run("new")
+        assert await storage.create_claimed_run(made, "claim", thread=ThreadRow("new", now, now, status="busy"),
+                                                first=first("new", made.run_id)) == "running"
+        assert (await storage.get_thread("new")).status == "busy"
+        assert (await storage.get_run(made.run_id)).claim == "claim"
+        assert (await storage.head_checkpoint("new")).run_id == made.run_id
+        # made meanwhile by another request: it is made busy, with this one's metadata, and the run waits
+        await storage.create_thread(ThreadRow("there", now, now))
+        waiting = run("there")
+        assert await storage.create_claimed_run(waiting, "claim", first=first("there", waiting.run_id),
+                                                thread=ThreadRow("there", now, now, {"k": "v"}, "busy")) == "pending"
+        thread = await storage.get_thread("there")
+        assert (thread.status, thread.metadata) == ("busy", {"k": "v"})
+        assert await storage.head_checkpoint("there") is None
+        # a checkpoint left without its thread: the thread is made, its run waits for a claim that reads it
+        await storage.put_checkpoint(first("left", "old"))
+        assert await storage.create_claimed_run(run("left"), "claim", thread=ThreadRow("left", now, now,
+                                                                                      status="busy")) == "pending"
     finally:
         await storage.close()
 

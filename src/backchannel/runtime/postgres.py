@@ -257,9 +257,6 @@ _NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT c.metadata ->> 'parent_thread_id
                     "ON c.thread_id = r.thread_id WHERE r.status IN ('pending', 'running') "
                     "AND c.metadata ->> 'parent_thread_id' IS NOT NULL) "
                     "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
-# A thread with nothing for a run to read as it starts: no checkpoint, no mail waiting (see create_claimed_run).
-_BLANK = ("AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %(thread)s) "
-          "AND NOT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %(thread)s AND NOT delivered) ")
 # Volatile functions run after ORDER BY: the notifications go out in the order they were queued.
 _NOTIFY = "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i"
 _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
@@ -613,33 +610,54 @@ class PostgresStorage(Storage):
             "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = %s FOR SHARE)",
             (*run_values(row), row.thread_id)))
 
-    async def create_claimed_run(self, row: RunRow, claim: str, *, blank: bool = False,
+    async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
                                  first: CheckpointRow | None = None) -> RunStatus | None:
-        # Queued with the tick's other writes (the thread's, made busy before it): no claim transaction of its
-        # own. Running only if the thread is busy (as this run's writes made it) with no other run, and its claim
+        # Queued with the tick's other writes: no claim transaction of its own. On a thread that exists, running
+        # only if it is busy (as this run's writes made it, earlier in the batch) with no other run, and its claim
         # lock is free (no claim of it under way); a run made running elsewhere meanwhile makes the insert
         # conflict (one running run per thread), and it goes pending. The thread's row is locked (shared) as
         # create_run locks it: a delete of the thread waits for this commit, or has committed and nothing goes in.
+        # A thread made here has nothing else (no run or mail is stored for a thread before it exists, and its
+        # deletion took its checkpoints; looked at all the same), so its run is claimed, with its first checkpoint;
+        # one made meanwhile by another request is made busy here instead, and its run goes pending.
         running = replace(row, status="running", attempts=1, claim=claim)
-        thread = "SELECT 1 FROM threads WHERE thread_id = %(thread)s"
-        first = first if blank else None  # the blank thread's first checkpoint, written only with the run claimed
-        first_checkpoint = (f"c AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {_named('c', 10)} FROM i), "
-                            if first else "")
+        existing = "SELECT 1 FROM threads WHERE thread_id = %(thread)s"
+        lock = "pg_try_advisory_xact_lock(%(lock)s, hashtext(%(thread)s))"
+        params: dict[str, Any] = {"thread": row.thread_id, "lock": _THREAD_LOCK,
+                                  **{f"r{i}": v for i, v in enumerate(run_values(running))},
+                                  **{f"p{i}": v for i, v in enumerate(run_values(row))}}
+        if thread is None:
+            made, there = "", f"EXISTS ({existing} FOR SHARE)"
+            free = (f"EXISTS ({existing} AND status = 'busy' FOR SHARE) AND NOT EXISTS (SELECT 1 FROM runs WHERE "
+                    f"thread_id = %(thread)s AND status IN ('pending', 'running')) AND {lock}")
+        else:
+            made = (f"t AS (INSERT INTO threads VALUES ({_named('t', 3)}, %(t3)s::jsonb, {_named('t', 7, 4)}) "
+                    "ON CONFLICT (thread_id) DO NOTHING RETURNING 1), ")
+            free = (f"EXISTS (SELECT 1 FROM t) AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %(thread)s) "
+                    f"AND NOT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %(thread)s) AND {lock}")  # left by none
+            there = f"(EXISTS (SELECT 1 FROM t) OR EXISTS ({existing} FOR SHARE))"
+            params.update({f"t{i}": v for i, v in enumerate(thread_values(thread))})
+        written = ""
+        if first is not None and thread is not None:  # the thread's first checkpoint, only with the run claimed
+            written = f"c AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {_named('c', 10)} FROM i), "
+            params.update({f"c{i}": v for i, v in enumerate(checkpoint_values(first))})
+        busy = ("u AS (UPDATE threads SET status = 'busy', metadata = %(t3)s::jsonb, updated_at = %(t2)s "
+                "WHERE thread_id = %(thread)s AND NOT EXISTS (SELECT 1 FROM t) AND EXISTS (SELECT 1 FROM p)) "
+                if thread is not None else "")
         found = await self._write_one(
-            f"WITH free AS (SELECT 1 WHERE EXISTS ({thread} AND status = 'busy' FOR SHARE) "
-            "AND NOT EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s AND status IN ('pending', 'running')) "
-            f"{_BLANK if blank else ''}"
-            "AND pg_try_advisory_xact_lock(%(lock)s, hashtext(%(thread)s))), "
+            f"WITH {made}free AS (SELECT 1 WHERE {free}), "
             f"i AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {_named('r', 18)} FROM free ON CONFLICT DO NOTHING "
-            "  RETURNING 1), "
-            f"{first_checkpoint}"
+            f"  RETURNING 1), {written}"
             f"p AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {_named('p', 18)} WHERE NOT EXISTS (SELECT 1 FROM i) "
-            f"  AND EXISTS ({thread} FOR SHARE) RETURNING 1) "
-            "SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM p)",
-            {"thread": row.thread_id, "lock": _THREAD_LOCK,
-             **{f"r{i}": v for i, v in enumerate(run_values(running))},
-             **{f"p{i}": v for i, v in enumerate(run_values(row))},
-             **({f"c{i}": v for i, v in enumerate(checkpoint_values(first))} if first else {})})
+            f"  AND {there} RETURNING 1){', ' if busy else ' '}{busy}"
+            f"SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM p){', (SELECT count(*) FROM t)' if made else ''}",
+            params)
+        if thread is not None and found and not any(found):
+            # Made by another request whose commit this statement waited for: not in the statement's view, so
+            # the run goes in after it, as on any thread that exists.
+            stored, _ = await asyncio.gather(self.create_run(row), self.update_thread(
+                thread.thread_id, status="busy", metadata=thread.metadata, updated_at=thread.updated_at))
+            return "pending" if stored else None
         return None if not found else "running" if found[0] else "pending" if found[1] else None
 
     async def get_run(self, run_id: str) -> RunRow | None:
@@ -1334,9 +1352,9 @@ async def _lock_claims(conn: AsyncConnection, candidates: list[RunRow]) -> list[
 
 
 @functools.cache  # statements that use it are made for every run
-def _named(prefix: str, count: int) -> str:
-    """Placeholders ``%(<prefix>0)s, …`` for ``count`` values passed by those names."""
-    return ", ".join(f"%({prefix}{i})s" for i in range(count))
+def _named(prefix: str, count: int, start: int = 0) -> str:
+    """Placeholders ``%(<prefix><start>)s, …`` up to ``count`` (excluded), for values passed by those names."""
+    return ", ".join(f"%({prefix}{i})s" for i in range(start, count))
 
 
 def _json_equals(column: str) -> str:

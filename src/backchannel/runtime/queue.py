@@ -146,8 +146,13 @@ class RunQueue:
     async def _store(self, thread: ThreadRow, row: RunRow, *, new_thread: bool, free: bool) -> bool:
         """Store the run and its thread, busy: in one transaction where the backend groups a tick's writes.
         On a ``free`` thread the run may be claimed in it, and started: returns whether it was."""
+        if new_thread and self.scheduler.claims_on_insert(row, free_thread=free):  # the thread made in that write
+            stored = await self.scheduler.store(row, free_thread=free, new_thread=thread)
+            if stored is None:
+                raise NotFoundError(f"Thread with ID {thread.thread_id} not found")
+            return stored == "running"
         created = False
-        store = self.scheduler.store(row, free_thread=free, new_thread=new_thread)
+        store = self.scheduler.store(row, free_thread=free)
         if new_thread:
             created, stored = await asyncio.gather(self.storage.create_thread(thread), store)
         else:

@@ -24,7 +24,7 @@ from backchannel._clock import now_iso
 from backchannel._ids import new_id
 from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.peers import Peers
-from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow, RunStatus
+from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow, RunStatus, ThreadRow
 from backchannel.runtime.storage import RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 
@@ -204,25 +204,29 @@ class Scheduler:
     def _free(self) -> int:
         return self.max_concurrency - len(self._tasks) - len(self._inserting)
 
-    async def store(self, row: RunRow, *, free_thread: bool, new_thread: bool = False) -> RunStatus | None:
+    def claims_on_insert(self, row: RunRow, *, free_thread: bool) -> bool:
+        """Whether :meth:`store` claims the run in the write that stores it (see there)."""
+        return (self.storage.claims_on_insert and free_thread and row.concurrency_key is None
+                and row.scheduled_at <= row.created_at and self._free() > 0 and row.run_id in self._unstarted)
+
+    async def store(self, row: RunRow, *, free_thread: bool, new_thread: ThreadRow | None = None) -> RunStatus | None:
         """Store a run queued here (see :meth:`queued`). On a ``free_thread`` (no other run of it is known), due
         now, with a slot free, it is claimed in the same write where the storage can, and started: ``"running"``.
         Else it waits for a claim (the caller kicks the scheduler once it may start): ``"pending"``. ``None``:
-        not stored, its thread is gone. On a ``new_thread`` (made in the same write), it is claimed so only if
-        the thread is blank (no checkpoint, no mail), and starts without reading its state: the checkpoint of its
-        input is written with it."""
-        if not (self.storage.claims_on_insert and free_thread and row.concurrency_key is None
-                and row.scheduled_at <= row.created_at and self._free() > 0 and row.run_id in self._unstarted):
+        not stored, its thread is gone. Where it is claimed so (:meth:`claims_on_insert`), ``new_thread`` is made
+        in the same write: the run then starts from its input without reading the thread, and the checkpoint of
+        its input is written with it."""
+        if not self.claims_on_insert(row, free_thread=free_thread):
             return "pending" if await self.storage.create_run(row) else None
         token = new_id()
         running = replace(row, status="running", attempts=1, claim=token)
-        blank = self._blank_start(running) if new_thread and self._blank_start else None
+        blank = self._blank_start(running) if new_thread is not None and self._blank_start else None
         self._unstarted.discard(row.run_id)
         self._inserting.add(row.run_id)
         claiming = asyncio.Event()
         self._claims.add(claiming)
         try:
-            stored = await self.storage.create_claimed_run(row, token, blank=blank is not None,
+            stored = await self.storage.create_claimed_run(row, token, thread=new_thread,
                                                            first=blank.head if blank else None)
         except StorageUnavailableError:
             # Its commit may have happened all the same: the run then starts once the database answers.

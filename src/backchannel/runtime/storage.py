@@ -118,15 +118,18 @@ class RunStorage(Protocol):
         """Insert a run; ``False`` (nothing inserted) if its thread is gone, checked in the statement that inserts,
         so a run is never stored on a thread deleted meanwhile (and a thread deleted after it takes it along)."""
 
-    async def create_claimed_run(self, row: RunRow, claim: str, *, blank: bool = False,
+    async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
                                  first: CheckpointRow | None = None) -> RunStatus | None:
         """Insert a pending run of ``row.worker_id``'s, as :meth:`create_run` does (``None``: not inserted, its thread
         is gone), and if its thread is ``busy`` (the caller's writes made it so before) with no other run pending
         or running, claim it in the same write: stored running under the token ``claim``, its first attempt
-        (``"running"``; else ``"pending"``). With ``blank``, only on a thread with no checkpoint and no mail
-        waiting (one the caller's writes just made): the run may then start from an empty state without reading
-        it, and ``first`` (the thread's first checkpoint, the run's) is written with it, only if it is claimed.
-        Backends whose claims cost little (``claims_on_insert`` false) leave it to :meth:`claim_runs`."""
+        (``"running"``; else ``"pending"``). With ``thread`` (busy), the thread is made in the same write and the
+        run claimed only if it was made there (having nothing else, the run may start from an empty state without
+        reading it), with ``first`` (the thread's first checkpoint, the run's); a thread made meanwhile by another
+        request is made busy instead, with ``thread``'s metadata, and the run goes pending. Backends whose claims
+        cost little (``claims_on_insert`` false) leave it to :meth:`claim_runs`."""
+        if thread is not None:  # the scheduler makes the thread apart where the storage does not claim on insert
+            raise NotImplementedError("this storage does not make a thread in the write that stores a run")
         return "pending" if await self.create_run(row) else None
 
     @abc.abstractmethod
