@@ -112,7 +112,7 @@ class Chat:
                 if line is None:
                     break
                 try:
-                    await self._handle(line)
+                    await self._handle_line(line)
                 except Exception as exc:  # whatever a command or a turn raises, the chat stays open
                     self.console.print(f"[red]{escape(_one_line(exc))}[/]", soft_wrap=True)
         finally:
@@ -215,6 +215,27 @@ class Chat:
                            f"{note}[/]")
 
     # -- input -------------------------------------------------------------------------------
+
+    async def _handle_line(self, line: str) -> None:
+        """Handle a line typed; a Ctrl-C meanwhile that nothing inside takes (a reply takes its own: this is
+        between a reply's end and the next prompt, say) counts toward leaving, as at the prompt."""
+        handling = asyncio.ensure_future(self._handle(line))
+        restore = self._on_ctrl_c(lambda: self._ctrl_c_between(handling))
+        try:
+            await handling
+        except asyncio.CancelledError:
+            if not self._exit:
+                raise
+        finally:
+            restore()
+
+    def _ctrl_c_between(self, handling: asyncio.Future[None]) -> None:
+        self._sigints += 1
+        if self._sigints >= 2:
+            self._exit = True
+            handling.cancel()
+        else:
+            self.console.print("[dim](Ctrl-C again, Ctrl-D or /quit to leave)[/]")
 
     async def _handle(self, line: str) -> None:
         text = line.strip()
