@@ -162,3 +162,35 @@ async def test_a_transaction_left_open_by_a_stopped_process_does_not_hold_its_lo
     finally:
         await stalled.close()
         await other.close()
+
+
+async def test_deleting_a_thread_whose_run_a_writer_ends_meanwhile_is_not_a_deadlock(postgres_url):
+    """A run's end writes its row, then its thread's; a thread delete takes the thread's row, then its runs'.
+    Met halfway, Postgres broke the cycle by failing the delete (DeadlockDetected: a run created as its thread
+    was deleted, seen under load); the delete is tried again once the writer is through."""
+    import uuid
+
+    import psycopg
+
+    from backchannel.runtime.rows import RunRow
+
+    storage = open_storage(postgres_url)
+    await storage.open()
+    writer = await psycopg.AsyncConnection.connect(postgres_url)
+    try:
+        now = now_iso()
+        await storage.create_thread(ThreadRow("t", now, now))
+        run_id = str(uuid.uuid4())
+        await storage.create_run(RunRow(run_id, "t", "a", now, now, "running", {}, {}, "enqueue", "w", now))
+        async with writer.transaction():
+            await writer.execute("UPDATE runs SET status = 'success' WHERE run_id = %s", (run_id,))
+            deleting = asyncio.ensure_future(storage.delete_thread("t"))
+            await asyncio.sleep(0.3)  # it holds the thread's row and waits for the run's
+            assert not deleting.done()
+            await writer.execute("UPDATE threads SET status = 'idle' WHERE thread_id = 't'")  # the cycle
+        assert await asyncio.wait_for(deleting, 30) is True
+        assert await storage.get_thread("t") is None
+        assert await storage.list_runs("t") == []
+    finally:
+        await writer.close()
+        await storage.close()

@@ -410,7 +410,7 @@ class PostgresStorage(Storage):
             await self._write(f"UPDATE threads SET {columns} WHERE thread_id = %s", (*changes.values(), thread_id))
 
     async def delete_thread(self, thread_id: str) -> bool:
-        return await _whole(self._delete_thread(thread_id))
+        return await _whole(_again_if_deadlocked(lambda: self._delete_thread(thread_id)))
 
     async def _delete_thread(self, thread_id: str) -> bool:
         async with self.pool.connection() as conn, conn.transaction():
@@ -420,7 +420,7 @@ class PostgresStorage(Storage):
         return bool(deleted)
 
     async def delete_idle_thread(self, thread_id: str) -> bool:
-        return await _whole(self._delete_idle_thread(thread_id))
+        return await _whole(_again_if_deadlocked(lambda: self._delete_idle_thread(thread_id)))
 
     async def _delete_idle_thread(self, thread_id: str) -> bool:
         async with self.pool.connection() as conn, conn.transaction():
@@ -1291,6 +1291,20 @@ async def _result(cursor: Any, what: str) -> Any:
     if what == "rowcount":
         return cursor.rowcount
     return await (cursor.fetchone() if what == "one" else cursor.fetchall())
+
+
+async def _again_if_deadlocked(transaction: Callable[[], Coroutine[Any, Any, T]], tries: int = 5) -> T:
+    """Run ``transaction`` again if Postgres broke a deadlock by failing it (rolled back whole).
+
+    A thread's delete locks the thread's row, then its runs'; a run's end writes its row, then its thread's:
+    met halfway, the delete (which waited first, so is found in the cycle first) is the one failed.
+    """
+    for _ in range(tries - 1):
+        try:
+            return await transaction()
+        except psycopg.errors.DeadlockDetected:
+            logger.info("a deadlock failed a transaction; trying it again")
+    return await transaction()
 
 
 async def _whole(operation: Coroutine[Any, Any, T]) -> T:
