@@ -120,7 +120,8 @@ class Checkpointer:
         self._remember(thread_id, state)
         return state
 
-    def blank(self, thread_id: str) -> ThreadState:
+    @staticmethod
+    def blank() -> ThreadState:
         """The state of a thread known to have no checkpoint yet (made a moment ago), without a read."""
         return ThreadState(empty_state(), None, newest=True)
 

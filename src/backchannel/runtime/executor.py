@@ -260,14 +260,14 @@ class Executor:
         agent = self.registry.agent_of_run(row)
         if agent is None or kwargs.get("input") is None or kwargs.get("command") or kwargs.get("wake") \
                 or kwargs.get("checkpoint_id"):
-            return self.checkpoints.blank(row.thread_id)
+            return self.checkpoints.blank()
         try:
             update = input_update(kwargs["input"])
         except Exception:  # the run fails on it as it starts, as any run would
-            return self.checkpoints.blank(row.thread_id)
+            return self.checkpoints.blank()
         return self.checkpoints.first(row.thread_id, update, next_stage="before_agent", source="input",
                                       run_id=row.run_id, step=-1, reducers=agent.state_reducers()) \
-            or self.checkpoints.blank(row.thread_id)
+            or self.checkpoints.blank()
 
     def _show_input(self, row: RunRow, state: ThreadState, stream: RunStream, agent: Agent) -> None:
         """The state with the run's input applied goes to the run's stream (if it shows values)."""

@@ -96,7 +96,6 @@ _ASSISTANT_TABLE = ("assistant_id TEXT NOT NULL, graph_id TEXT NOT NULL, version
 _COUNTS_LOCK = 0x6263_0004  # who sums the thread counts' rows (an advisory lock's first key; see the others below)
 _CHANGES_SUMMED = 500  # thread status changes between two sums of the counts' rows
 
-# Forward migrations, one tuple of statements per schema version (see _migrations.py).
 # The nearest base at or before a seq as one whole base: its own and the messages of those it extends joined in
 # one text (one large value comes in a few reads of the socket, many rows in one read each), and the previous
 # base of the oldest found (NULL when none is missing). The links are followed first, then the texts read (a
@@ -113,6 +112,7 @@ _BASES = ("WITH RECURSIVE b(checkpoint_id, seq, prev_id, depth) AS ("
           "(array_agg(c.rest ORDER BY b.depth))[1], 0 FROM b "
           "JOIN checkpoint_bases c ON c.thread_id = %(thread)s AND c.checkpoint_id = b.checkpoint_id")
 
+# Forward migrations, one tuple of statements per schema version (see _migrations.py).
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         """CREATE TABLE threads (
