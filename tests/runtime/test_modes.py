@@ -412,3 +412,70 @@ async def test_a_reader_gets_everything_that_came_since_its_last_read_at_once_ea
     assert [p.data[0]["content"] for p in parts[1:] if p.data[0]["content"]] == [
         f"{burst}.{token} " for burst in range(4) for token in range(5)]
     assert len({id(p.data[1]) for p in parts[1:]}) == 1  # one metadata dict for a message's chunks, as LangGraph
+
+
+async def test_pushed_parts_come_as_published_and_a_sink_that_cannot_take_more_gets_the_rest_when_it_can(make_runtime):
+    """``push``: each token handed on in the publisher's call, one batch each; a sink that returns a future (it
+    cannot take more for now) is given nothing until it is done, then everything kept meanwhile at once, in order."""
+    rt = await make_runtime({"agent": create_agent(_Bursts(4, 5))}, store="memory")
+    thread = await rt.threads.create()
+    loop = asyncio.get_running_loop()
+    batches: list[list[str]] = []
+    ready: list[asyncio.Future[None]] = []
+
+    def sink(batch):
+        batches.append([p.data[0]["content"] if p.event == "messages" else p.event for p in batch])
+        if batches[-1] == ["1.2 "]:  # mid-burst: the rest of it, and the next burst, come while it waits
+            ready.append(loop.create_future())
+            loop.call_later(0.05, ready[-1].set_result, None)
+            return ready[-1]
+        return None
+
+    await rt.runs.stream(thread["thread_id"], "agent", input=user("go"), stream_mode="messages-tuple").push(sink)
+    assert batches[0] == ["metadata"]
+    tokens = [token for batch in batches[1:] for token in batch if token]
+    assert tokens == [f"{burst}.{token} " for burst in range(4) for token in range(5)]
+    assert ready and ready[0].done()
+    caught_up = batches[batches.index(["1.2 "]) + 1]
+    assert caught_up[:7] == ["1.3 ", "1.4 ", "2.0 ", "2.1 ", "2.2 ", "2.3 ", "2.4 "]  # kept while it waited
+    assert all(len(batch) == 1 for batch in batches[:batches.index(["1.2 "])])  # before: each token as it came
+
+
+async def test_a_sink_that_fails_ends_its_push_and_not_the_run(make_runtime):
+    rt = await make_runtime({"agent": create_agent(_Bursts(3, 3))}, store="memory")
+    thread = await rt.threads.create()
+
+    def sink(batch):
+        if any(p.event == "messages" and p.data[0]["content"] == "1.1 " for p in batch):
+            raise ValueError("the reader broke")
+
+    parts = rt.runs.stream(thread["thread_id"], "agent", input=user("go"), stream_mode="messages-tuple")
+    with pytest.raises(ValueError, match="the reader broke"):
+        await parts.push(sink)
+    run = (await rt.runs.list(thread["thread_id"]))[0]
+    assert await rt.runs.join(thread["thread_id"], run["run_id"])
+    assert (await rt.runs.get(thread["thread_id"], run["run_id"]))["status"] == "success"
+
+
+async def test_a_pushed_stream_holds_no_more_memory_the_longer_it_runs(make_runtime):
+    rt = await make_runtime({"agent": create_agent(_Tokens(12_000))}, store="memory")
+    thread = await rt.threads.create()
+    held: dict[int, int] = {}
+    tokens = 0
+
+    def sink(batch):
+        nonlocal tokens
+        for part in batch:
+            if part.event == "messages" and part.data[0]["content"]:
+                tokens += 1
+                if tokens in (2_000, 11_000):
+                    held[tokens] = tracemalloc.get_traced_memory()[0]
+
+    tracemalloc.start()
+    try:
+        await rt.runs.stream(thread["thread_id"], "agent", input=user("go"), stream_mode="messages-tuple").push(sink)
+    finally:
+        tracemalloc.stop()
+    assert tokens == 12_000
+    grown = held[11_000] - held[2_000]
+    assert grown < 200_000, f"the stream held {grown:,} bytes more after 9,000 more tokens"

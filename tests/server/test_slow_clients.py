@@ -9,12 +9,14 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from server_agents import AGENTS
 from server_helpers import ProcessServer, ThreadServer, user
 
+from backchannel import ScriptedModel, ToolMessage, create_agent, tool
 from backchannel.runtime import LocalRuntime
 from backchannel.server import create_app
 
@@ -163,3 +165,111 @@ def test_a_reader_that_stops_reading_is_told_and_can_rejoin(tmp_path):
                           headers={"last-event-id": last_id}) as rest:
             resumed = [line[7:] for line in rest.iter_lines() if line.startswith("event: ")]
         assert resumed and "error" not in resumed and resumed[-1] == "values"  # to the run's end
+
+
+# -- a reader that falls behind while its stream is pushed (the run's events handed to the connection as they come)
+
+WORDS = [f"w{i}" for i in range(20_000)]
+talker = create_agent(ScriptedModel([" ".join(WORDS)], loop=True), name="talker")  # 20,000 tokens at full speed
+
+
+@tool(inline=True)
+def bulk(n: int) -> str:
+    """Return 50 KB of text.
+
+    Args:
+        n: Which call this is.
+    """
+    return f"{n}:" + "z" * 50_000
+
+
+def bulk_reply(request: Any) -> Any:
+    calls = sum(isinstance(m, ToolMessage) for m in request.messages)
+    return "done" if calls >= 100 else {"tool_calls": [{"name": "bulk", "args": {"n": calls}}]}
+
+
+# 100 steps of 50 ms, its values growing by 50 KB a step: its stream outgrows any socket's buffers in a second
+bulky = create_agent(ScriptedModel([bulk_reply], loop=True, latency=0.05), [bulk], name="bulky", max_iterations=1000)
+
+
+def raw_stream(url: str, thread_id: str, body: dict[str, Any]) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window from the start
+    sock.connect((host, int(port)))
+    payload = json.dumps(body).encode()
+    sock.sendall(b"POST /threads/%b/runs/stream HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n%b" % (thread_id.encode(), host.encode(), len(payload), payload))
+    return sock
+
+
+def read_response(sock: socket.socket, timeout: float) -> tuple[bytes, bytes]:
+    """The head and the de-chunked body of a chunked response, read to its last chunk."""
+    sock.settimeout(timeout)
+    received = bytearray()
+    while not received.endswith(b"\r\n0\r\n\r\n"):
+        chunk = sock.recv(1 << 20)
+        assert chunk, "the server closed the connection before the response's end"
+        received += chunk
+    head, _, rest = bytes(received).partition(b"\r\n\r\n")
+    body = bytearray()
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return head, bytes(body)
+        body += rest[:size]
+        rest = rest[size + 2:]
+
+
+def run_status(url: str, thread_id: str) -> str:
+    return httpx.get(f"{url}/threads/{thread_id}/runs", timeout=30).json()[0]["status"]
+
+
+def test_a_reader_that_falls_behind_gets_every_token_in_order_and_holds_up_neither_run_nor_others(tmp_path):
+    """A reader that reads nothing for a while (less than its patience): its run goes on to its end meanwhile,
+    another client's stream is served at once, and when it reads on it gets every token, each once, in order."""
+    runtime = LocalRuntime(f"sqlite:///{tmp_path / 'db'}", {"talker": talker, "echo": AGENTS["echo"]})
+    with ThreadServer(create_app(runtime, client_timeout=60), client_timeout=60) as server:
+        tid = httpx.post(f"{server.url}/threads", json={}).json()["thread_id"]
+        sock = raw_stream(server.url, tid, {"assistant_id": "talker", "input": user("go"),
+                                            "stream_mode": ["messages-tuple"]})
+        try:
+            until(lambda: httpx.get(f"{server.url}/threads/{tid}/runs").json() != [], 10, "the run was not made")
+            until(lambda: run_status(server.url, tid) == "success", 60, "the run waited for its reader")
+            other = httpx.post(f"{server.url}/threads", json={}).json()["thread_id"]
+            started = time.monotonic()
+            with httpx.stream("POST", f"{server.url}/threads/{other}/runs/stream", timeout=30,
+                              json={"assistant_id": "echo", "input": user("hi")}) as r:
+                assert "echo: hi" in r.read().decode()
+            assert time.monotonic() - started < 5
+            head, body = read_response(sock, timeout=60)
+        finally:
+            sock.close()
+    assert head.startswith(b"HTTP/1.1 200")
+    assert len(body) > 8_000_000  # far more than the socket buffers hold: the server held most of it back
+    tokens = []
+    for frame in body.decode().split("\r\n\r\n"):
+        if frame.startswith("event: messages\r\n"):
+            chunk, _meta = json.loads(frame.partition("data: ")[2])
+            tokens.append(chunk["content"])
+    assert "".join(tokens) == " ".join(WORDS)
+    assert len([t for t in tokens if t]) == len(WORDS)
+
+
+def test_a_reader_that_falls_behind_then_leaves_cancels_its_run_when_asked(tmp_path):
+    """``on_disconnect="cancel"``: a reader that leaves while the server holds its stream back (it was not
+    reading) cancels its run; the server serves the next stream as before."""
+    runtime = LocalRuntime(f"sqlite:///{tmp_path / 'db'}", {"bulky": bulky, "echo": AGENTS["echo"]})
+    with ThreadServer(create_app(runtime, client_timeout=60), client_timeout=60) as server:
+        tid = httpx.post(f"{server.url}/threads", json={}).json()["thread_id"]
+        sock = raw_stream(server.url, tid, {"assistant_id": "bulky", "input": user("go"), "on_disconnect": "cancel",
+                                            "stream_mode": ["values", "messages-tuple"]})
+        until(lambda: httpx.get(f"{server.url}/threads/{tid}/runs").json() != [], 10, "the run was not made")
+        time.sleep(1.5)  # ~30 steps: ~20 MB of values unread
+        assert run_status(server.url, tid) == "running"
+        sock.close()
+        until(lambda: run_status(server.url, tid) == "interrupted", 10, "the run outlived its reader")
+        with httpx.stream("POST", f"{server.url}/threads/{tid}/runs/stream", timeout=30,
+                          json={"assistant_id": "echo", "input": user("hi")}) as r:
+            assert "echo: hi" in r.read().decode()

@@ -71,7 +71,7 @@ from backchannel.runtime.run_options import (
     normalize_command,
 )
 from backchannel.runtime.storage import Storage
-from backchannel.runtime.streams import Batches, Streams
+from backchannel.runtime.streams import Batches, Sink, Streams
 from backchannel.runtime.webhooks import check_webhook_url
 from backchannel.runtime.wire import (
     check_namespace,
@@ -667,7 +667,10 @@ class RunsClient:
             raise InvalidRequestError("only version 'v1' of the run stream is supported")
         on_disconnect = options.pop("on_disconnect", None)
         _check_on_disconnect(on_disconnect)
-        return Batches(self._stream(thread_id, assistant_id, options, cancel_on_disconnect=on_disconnect == "cancel"))
+        cancel = on_disconnect == "cancel"
+        return Batches(self._stream(thread_id, assistant_id, options, cancel_on_disconnect=cancel),
+                       lambda sink: self._push_stream(thread_id, assistant_id, options, sink,
+                                                      cancel_on_disconnect=cancel))
 
     async def _stream(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any], *,
                       cancel_on_disconnect: bool) -> AsyncGenerator[PartBatch, None]:
@@ -679,6 +682,21 @@ class RunsClient:
             if cancel_on_disconnect:  # the reader went away: so does the run
                 await self._cancel_quietly(run)
             raise
+        await self._after_stream(run)
+
+    async def _push_stream(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any],
+                           sink: Sink[StreamPart], *, cancel_on_disconnect: bool) -> None:
+        # As _stream, the parts pushed (Batches.push): the reader's task waits once for the whole run.
+        run = await self._create(thread_id, assistant_id, options, watched=True)
+        try:
+            await self._follower.run(run, None, 0).push(sink)
+        except asyncio.CancelledError:
+            if cancel_on_disconnect:  # the reader went away: so does the run
+                await self._cancel_quietly(run)
+            raise
+        await self._after_stream(run)
+
+    async def _after_stream(self, run: Mapping[str, Any]) -> None:
         if run["kwargs"].get("temporary"):
             await self._queue.wait_for(run["run_id"])
             await self._queue.drop_thread(run["thread_id"])
@@ -687,11 +705,39 @@ class RunsClient:
                     stream_mode: StreamModes | None = None, headers: Headers = None, params: Params = None,
                     last_event_id: str | None = None) -> Batches[StreamPart]:
         """Follow a run's stream: from the start (or after ``last_event_id``) if still kept, else from now on."""
-        return Batches(self._join_stream(thread_id, run_id, stream_mode, last_event_id, cancel_on_disconnect))
+        return Batches(self._join_stream(thread_id, run_id, stream_mode, last_event_id, cancel_on_disconnect),
+                       lambda sink: self._push_join(thread_id, run_id, stream_mode, last_event_id,
+                                                    cancel_on_disconnect, sink))
 
     async def _join_stream(self, thread_id: str, run_id: str, stream_mode: StreamModes | None,
                            last_event_id: str | None,
                            cancel_on_disconnect: bool) -> AsyncGenerator[PartBatch, None]:
+        joined = await self._joined(thread_id, run_id, stream_mode, last_event_id)
+        if joined is None:
+            return
+        try:
+            async for batch in joined.batches():
+                yield batch
+        except (GeneratorExit, asyncio.CancelledError):
+            if cancel_on_disconnect:  # the reader went away: so does the run
+                await self._cancel_quietly({"run_id": run_id})
+            raise
+
+    async def _push_join(self, thread_id: str, run_id: str, stream_mode: StreamModes | None,
+                         last_event_id: str | None, cancel_on_disconnect: bool, sink: Sink[StreamPart]) -> None:
+        joined = await self._joined(thread_id, run_id, stream_mode, last_event_id)
+        if joined is None:
+            return
+        try:
+            await joined.push(sink)
+        except asyncio.CancelledError:
+            if cancel_on_disconnect:  # the reader went away: so does the run
+                await self._cancel_quietly({"run_id": run_id})
+            raise
+
+    async def _joined(self, thread_id: str, run_id: str, stream_mode: StreamModes | None,
+                      last_event_id: str | None) -> Batches[StreamPart] | None:
+        """The parts of the run's stream to join, or ``None`` when there is nothing to follow."""
         row = await self._row(thread_id, run_id)
         modes = None if stream_mode is None else check_stream_modes(
             [stream_mode] if isinstance(stream_mode, str) else stream_mode)
@@ -703,14 +749,8 @@ class RunsClient:
             stream = self._queue.peers.follow(row, wants_values(modes or row.kwargs.get("stream_mode") or ()))
         if stream is None or (not row.kwargs.get("stream_resumable") and last_event_id is None
                               and stream.finished):
-            return
-        try:
-            async for batch in self._follower.run(render_run(row), modes, after, with_metadata=False).batches():
-                yield batch
-        except (GeneratorExit, asyncio.CancelledError):
-            if cancel_on_disconnect:  # the reader went away: so does the run
-                await self._cancel_quietly(render_run(row))
-            raise
+            return None
+        return self._follower.run(render_run(row), modes, after, with_metadata=False)
 
     async def _cancel_quietly(self, run: Mapping[str, Any]) -> None:
         row = await self._storage.get_run(run["run_id"])

@@ -15,11 +15,12 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from backchannel.events import Event
 from backchannel.protocols import StreamPart
 from backchannel.runtime.modes import StreamMapper, wants_values
 from backchannel.runtime.rows import RunRow
 from backchannel.runtime.storage import RunStorage
-from backchannel.runtime.streams import Batches, RunStream, Streams
+from backchannel.runtime.streams import Batches, RunStream, Sink, Streams
 from backchannel.runtime.wire import render_error, render_run
 
 __all__ = ["THREAD_STREAM_MODES", "Follower", "ThreadRuns", "ThreadStreamMode"]
@@ -47,27 +48,57 @@ class Follower:
             with_metadata: bool = True) -> Batches[StreamPart]:
         """The parts of a run's stream (``run`` as :func:`render_run` gives it), after event ``after``;
         in :meth:`~Batches.batches`, ``metadata`` alone first, then the parts of each batch of events."""
-        return Batches(self._parts(run, modes, after, with_metadata))
+        return Batches(self._parts(run, modes, after, with_metadata),
+                       lambda sink: self._push(run, modes, after, with_metadata, sink))
 
     async def _parts(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int,
                      with_metadata: bool) -> AsyncGenerator[list[StreamPart], None]:
         stream = self.streams.get(run["run_id"])
         if stream is None:
             return
-        kwargs = run["kwargs"]
-        modes = modes or kwargs.get("stream_mode") or ["values"]
-        events = stream.follow(after, values=wants_values(modes))
+        events, mapped = self._open(stream, run, modes, after)
         if with_metadata:
-            yield [StreamPart("metadata", {"run_id": run["run_id"], "attempt": 1})]
-        mapper = StreamMapper(modes, subgraphs=bool(kwargs.get("stream_subgraphs")),
-                              metadata={k: v for k, v in run["metadata"].items() if k != "assistant_id"})
-        parts = mapper.parts
+            yield [_metadata(run)]
         async for batch in events.batches():
-            found = parts(batch[0]) if len(batch) == 1 else [part for event in batch for part in parts(event)]
+            found = mapped(batch)
             if found:
                 yield found
         if stream.status == "error" and stream.error:  # LangGraph sends no error event for a timeout
             yield [StreamPart("error", render_error(stream.error))]
+
+    async def _push(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, with_metadata: bool,
+                    sink: Sink[StreamPart]) -> None:
+        # As _parts, but each batch mapped and handed on in the publisher's call (RunStream.follow(...).push).
+        stream = self.streams.get(run["run_id"])
+        if stream is None:
+            return
+        events, mapped = self._open(stream, run, modes, after)
+        if with_metadata:
+            sink([_metadata(run)])
+
+        def take(batch: list[Event]) -> asyncio.Future[Any] | None:
+            found = mapped(batch)
+            return sink(found) if found else None
+
+        await events.push(take)
+        if stream.status == "error" and stream.error:
+            sink([StreamPart("error", render_error(stream.error))])
+
+    @staticmethod
+    def _open(stream: RunStream, run: Mapping[str, Any], modes: Sequence[str] | None,
+              after: int) -> tuple[Batches[Event], Callable[[list[Event]], list[StreamPart]]]:
+        """Follow ``stream`` after ``after``; with the function mapping each batch of its events to parts."""
+        kwargs = run["kwargs"]
+        modes = modes or kwargs.get("stream_mode") or ["values"]
+        events = stream.follow(after, values=wants_values(modes))
+        mapper = StreamMapper(modes, subgraphs=bool(kwargs.get("stream_subgraphs")),
+                              metadata={k: v for k, v in run["metadata"].items() if k != "assistant_id"})
+        parts = mapper.parts
+
+        def mapped(batch: list[Event]) -> list[StreamPart]:
+            return parts(batch[0]) if len(batch) == 1 else [part for event in batch for part in parts(event)]
+
+        return events, mapped
 
     async def thread(self, thread_id: str, modes: Sequence[ThreadStreamMode]) -> AsyncIterator[StreamPart]:
         """Every run of the thread from now on, one after the other, until the caller stops."""
@@ -80,6 +111,10 @@ class Follower:
     def thread_runs(self, thread_id: str, *, values: bool = False) -> ThreadRuns:
         """The thread's runs under way or queued now, then each new one (see :class:`ThreadRuns`)."""
         return ThreadRuns(self, thread_id, values)
+
+
+def _metadata(run: Mapping[str, Any]) -> StreamPart:
+    return StreamPart("metadata", {"run_id": run["run_id"], "attempt": 1})
 
 
 class ThreadRuns:

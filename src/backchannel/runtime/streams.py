@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from backchannel.events import Event, EventBus
 from backchannel.runtime.modes import wants_values
 from backchannel.runtime.rows import RunRow, RunStatus
 
-__all__ = ["Batches", "RunStream", "Streams"]
+__all__ = ["Batches", "RunStream", "Sink", "Streams"]
 
 T = TypeVar("T")
+# Takes each batch as it comes (Batches.push); returns None, or when it cannot take more for now, a future done
+# when it can (it has the batch it was given either way).
+Sink = Callable[[list[T]], "asyncio.Future[Any] | None"]
+logger = logging.getLogger("backchannel.runtime")
 
 
 class RunStream:
@@ -27,7 +32,8 @@ class RunStream:
     """
 
     __slots__ = ("run_id", "resumable", "bus", "events", "status", "error", "final_values", "exception", "final_row",
-                 "interrupts", "result", "last_seq", "_waiters", "_readers", "_recording", "_awaited", "_loop")
+                 "interrupts", "result", "last_seq", "_waiters", "_readers", "_recording", "_awaited", "_loop",
+                 "_listeners", "_paused")
 
     def __init__(self, run_id: str, *, resumable: bool = False, values: bool = False, watched: bool = False) -> None:
         self.run_id = run_id
@@ -49,6 +55,8 @@ class RunStream:
         self._recording = False
         self._awaited = watched  # its creator will follow it: keep its events until then
         self._loop: asyncio.AbstractEventLoop | None = None  # its readers' (they wait on futures of it)
+        self._listeners: list[_Listener] = []  # readers it hands each event to as it comes (push)
+        self._paused = 0  # listeners that cannot take more for now: their events are kept meanwhile
         if resumable or watched:  # a run somebody follows from its creation records from the start
             self.keep_events()
 
@@ -69,9 +77,13 @@ class RunStream:
         return self.status is not None
 
     def add(self, event: Event) -> None:
-        """Keep an event (numbered already) and wake the readers."""
-        self.events.append(event)
+        """Keep an event (numbered already), hand it to the listeners and wake the readers."""
+        listeners = self._listeners
+        if not listeners or self._readers or self.resumable or self._awaited or self._paused:
+            self.events.append(event)  # else only the listeners want it, and they have it
         self.last_seq = event.seq
+        for listener in listeners:
+            listener.take([event])
         if self._waiters:
             self._wake()
 
@@ -91,6 +103,8 @@ class RunStream:
         self.status = status
         self.error = error
         self.final_values = values
+        for listener in self._listeners:
+            listener.end()
         self._wake()
         if not self.resumable and not self._awaited:
             self.events = []  # only live readers could see them; each drains the list it follows
@@ -122,7 +136,7 @@ class RunStream:
         self._awaited = False
         if self.status is not None and not self.resumable:
             self.events = []  # as finish() does: this reader drains its own list
-        return Batches(self._drain(events, after_seq))
+        return Batches(self._drain(events, after_seq), lambda sink: self._push(events, after_seq, sink))
 
     async def _drain(self, events: list[Event], after_seq: int) -> AsyncGenerator[list[Event], None]:
         index = _first_after(events, after_seq)
@@ -146,21 +160,113 @@ class RunStream:
             self._readers -= 1
 
 
-class Batches(Generic[T]):
-    """Items as they come, one by one, or in :meth:`batches`: a list of all that came since the last.
+    async def _push(self, events: list[Event], after_seq: int, sink: Sink[Event]) -> None:
+        # Each event handed on in the publisher's own call as it is added: no reader task to wake. While the
+        # sink cannot take more, its events are kept (in ``events``, the list it follows) and handed on at once
+        # when it can, from this coroutine.
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        listener = _Listener(self, sink, after_seq)
+        self._listeners.append(listener)
+        try:
+            while True:
+                if listener.failure is not None:
+                    raise listener.failure
+                if listener.ready is None:
+                    index = _first_after(events, listener.after)
+                    if index < len(events):
+                        listener.take(events[index:])  # kept ones: at the start, or kept while it could not take
+                    if not (self.resumable or self._readers or self._awaited or self._paused) and events is self.events:
+                        events.clear()  # nobody can ask for them again (as a lone reader's drain does)
+                    if listener.ready is not None or listener.failure is not None:
+                        continue
+                    if self.status is not None:
+                        return
+                    listener.wake = loop.create_future()
+                    await listener.wake  # the run ended, or the sink could not take an event
+                    continue
+                try:
+                    await listener.ready
+                finally:
+                    listener.ready = None
+                    self._paused -= 1
+        finally:
+            self._listeners.remove(listener)
+            if listener.ready is not None:
+                self._paused -= 1
 
-    Readers that pay per delivery (a write per SSE chunk) take the batches; the rest iterate as usual.
+
+class _Listener:
+    """A reader the publisher hands each event to (``take``); ``after``: the seq of the last it was given."""
+
+    __slots__ = ("stream", "sink", "after", "ready", "failure", "wake")
+
+    def __init__(self, stream: RunStream, sink: Sink[Event], after: int) -> None:
+        self.stream = stream
+        self.sink = sink
+        self.after = after
+        self.ready: asyncio.Future[Any] | None = None  # the sink's, while it cannot take more
+        self.failure: Exception | None = None
+        self.wake: asyncio.Future[None] | None = None  # its coroutine's, while it waits
+
+    def take(self, events: list[Event]) -> None:
+        if self.ready is not None or self.failure is not None:
+            return  # the stream keeps them meanwhile
+        self.after = events[-1].seq
+        try:
+            ready = self.sink(events)
+        except Exception as exc:  # the publisher (the agent) must not fail for a reader's fault
+            self.failure = exc
+            self.end()
+            return
+        if ready is not None:
+            self.ready = ready
+            self.stream._paused += 1
+            self.end()
+
+    def end(self) -> None:
+        """Wake its coroutine (the run ended, or there is something to wait for)."""
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+
+
+class Batches(Generic[T]):
+    """Items as they come, one by one, or in :meth:`batches`: a list of all that came since the last,
+    or pushed: :meth:`push` hands each batch to a function as it comes.
+
+    Readers that pay per delivery (a write per SSE chunk) take the batches or a push; the rest iterate as usual.
     """
 
-    __slots__ = ("_batches", "_items")
+    __slots__ = ("_batches", "_items", "_pusher")
 
-    def __init__(self, batches: AsyncGenerator[list[T], None]) -> None:
+    def __init__(self, batches: AsyncGenerator[list[T], None],
+                 pusher: Callable[[Sink[T]], Awaitable[None]] | None = None) -> None:
         self._batches = batches
         self._items: AsyncGenerator[T, None] | None = None
+        self._pusher = pusher
 
     def batches(self) -> AsyncGenerator[list[T], None]:
         """The items as lists, each of all that came since the previous (taken instead of iterating)."""
         return self._batches
+
+    async def push(self, sink: Sink[T]) -> None:
+        """Hand each batch to ``sink`` as it comes (taken instead of iterating); returns after the last.
+
+        A run's stream calls ``sink`` in the publisher's own call, as each event is published, so ``sink``
+        must not block: when it cannot take more for now it returns a future, and the stream keeps what comes
+        meanwhile, until that future is done (or raises: the push ends with its exception, as with one ``sink``
+        raises; the publisher carries on either way).
+        """
+        pusher = self._pusher
+        if pusher is None:
+            async for batch in self._batches:
+                ready = sink(batch)
+                if ready is not None:
+                    await ready
+            return
+        await self._batches.aclose()  # never started: the pusher delivers them
+        await pusher(sink)
 
     def __aiter__(self) -> Batches[T]:
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,6 +16,7 @@ from starlette.responses import Response
 from backchannel.errors import BackchannelError, NotFoundError
 from backchannel.runtime.modes import StreamPart
 from backchannel.runtime.run_options import check_stream_modes, event_position
+from backchannel.runtime.streams import Batches
 from backchannel.server.routing import (
     Endpoint,
     JSONResponse,
@@ -27,7 +29,7 @@ from backchannel.server.routing import (
     runtime_of,
 )
 from backchannel.server.schemas import RunBatch, RunCreate, RunsCancel
-from backchannel.server.sse import StreamingBody, encode_event, event_stream, json_body
+from backchannel.server.sse import PushedChunks, StreamingBody, Write, encode_event, event_stream, json_body
 from backchannel.tracing import with_trace_context
 
 __all__ = ["ENDPOINTS"]
@@ -69,12 +71,12 @@ async def stream_run(request: Request) -> Response | StreamingBody:
     body = await read_body(request, RunCreate)
     rt = runtime_of(request)
     thread_id = request.path_params.get("thread_id")
-    batches = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body, request)).batches()
-    first = await anext(batches)  # [metadata]: creates the run, so a bad request fails here, before the response
-    run_id = first[0].data["run_id"]
+    parts = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body, request))
+    created: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    chunks = PushedChunks(lambda write: _push_events(parts, write, with_id=body.stream_resumable, created=created))
+    run_id = await chunks.until(created)  # the run is made first, so a bad request fails here, before the response
     return event_stream(
-        request, _events(batches, first=first, with_id=body.stream_resumable),
-        headers=_run_headers(thread_id, run_id, "stream"),
+        request, chunks, headers=_run_headers(thread_id, run_id, "stream"),
         on_disconnect=_canceller(rt, thread_id, run_id) if body.on_disconnect == "cancel" else None)
 
 
@@ -122,9 +124,10 @@ async def join_run_stream(request: Request) -> Response | StreamingBody:
     modes = _stream_modes([m for m in request.query_params.getlist("stream_mode") if m])  # "": the run's own
     last_event_id = request.headers.get("last-event-id") or None
     event_position(last_event_id)  # a bad one is a 422 before the response starts
-    batches = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id).batches()
+    parts = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id)
+    with_id = bool(run["kwargs"].get("stream_resumable"))
     return event_stream(
-        request, _events(batches, with_id=bool(run["kwargs"].get("stream_resumable"))),
+        request, PushedChunks(lambda write: _push_events(parts, write, with_id=with_id)),
         headers=_run_headers(thread_id, run_id, "stream"),
         on_disconnect=_canceller(rt, thread_id, run_id) if query_bool(request, "cancel_on_disconnect") else None)
 
@@ -149,21 +152,28 @@ def _run_headers(thread_id: str | None, run_id: str, then: str | None = None) ->
 # -- bodies ------------------------------------------------------------------------
 
 
-async def _events(batches: AsyncIterator[list[StreamPart]], *, with_id: bool,
-                  first: list[StreamPart] | None = None) -> AsyncIterator[bytes]:
-    """A run's stream parts as SSE, one chunk (one write) per batch of them; a failure of the stream itself
-    ends it with an ``error`` event."""
-    if first is not None:
-        yield b"".join([encode_event(part, with_id=False) for part in first])
+async def _push_events(parts: Batches[StreamPart], write: Write, *, with_id: bool,
+                       created: asyncio.Future[str] | None = None) -> None:
+    """A run's stream parts as SSE, written as they come, one chunk per batch of them (the first is ``[metadata]``,
+    whose run id is ``created``'s result); a failure of the stream itself (once created) ends it with an ``error``
+    event."""
+    def take(batch: list[StreamPart]) -> asyncio.Future[Any] | None:
+        if created is not None and not created.done():
+            created.set_result(batch[0].data["run_id"])
+        return write(b"".join([encode_event(part, with_id=with_id) for part in batch]))
+
     try:
-        async for batch in batches:
-            yield b"".join([encode_event(part, with_id=with_id) for part in batch])
-    except BackchannelError as exc:
-        yield encode_event(StreamPart("error", {"error": type(exc).__name__, "message": str(exc)}), with_id=False)
-    except Exception:
-        logger.exception("a run stream failed")
-        yield encode_event(StreamPart("error", {"error": "InternalServerError",
-                                                "message": "the stream failed; see the server log"}), with_id=False)
+        await parts.push(take)
+    except Exception as exc:
+        if created is not None and not created.done():
+            raise  # the run was not created: the request's error
+        if isinstance(exc, BackchannelError):
+            write(encode_event(StreamPart("error", {"error": type(exc).__name__, "message": str(exc)}), with_id=False))
+        else:
+            logger.exception("a run stream failed")
+            write(encode_event(StreamPart("error", {"error": "InternalServerError",
+                                                    "message": "the stream failed; see the server log"}),
+                               with_id=False))
 
 
 async def _output(rt: Any, run_id: str) -> AsyncIterator[bytes]:

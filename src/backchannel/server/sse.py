@@ -26,20 +26,23 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from backchannel.runtime.modes import StreamPart
 from backchannel.server.routing import render_json
 
-__all__ = ["BODY_SEND", "SSE_HEARTBEAT", "OpenStreams", "StreamingBody", "encode_event", "event_stream", "json_body"]
+__all__ = ["BODY_SEND", "SSE_HEARTBEAT", "OpenStreams", "PushedChunks", "StreamingBody", "Write", "encode_event",
+           "event_stream", "json_body"]
 
 SSE_HEARTBEAT = b": heartbeat\r\n\r\n"
 JSON_HEARTBEAT = b"\n"
 BODY_SEND = "backchannel.body_send"  # the scope key of the send the app was called with
 logger = logging.getLogger("backchannel.server")
+T = TypeVar("T")
+Write = Callable[[bytes], "asyncio.Future[Any] | None"]  # see PushedChunks.write
 
 
 def encode_event(part: StreamPart, *, with_id: bool) -> bytes:
@@ -57,7 +60,8 @@ def _event_name(name: str) -> bytes:
     return name.replace("\r", "").replace("\n", "").encode()
 
 
-def event_stream(request: Request, chunks: AsyncIterator[bytes], *, headers: Mapping[str, str] | None = None,
+def event_stream(request: Request, chunks: AsyncIterator[bytes] | PushedChunks, *,
+                 headers: Mapping[str, str] | None = None,
                  on_disconnect: Callable[[], Awaitable[None]] | None = None) -> StreamingBody:
     """Server-sent events, with the app's heartbeat, and half its client timeout as a reader's patience."""
     return StreamingBody(chunks, media_type="text/event-stream", heartbeat=request.app.state.heartbeat,
@@ -70,6 +74,48 @@ def json_body(request: Request, chunks: AsyncIterator[bytes], *, headers: Mappin
     """A JSON document that takes a while (a run's output), with the app's heartbeat."""
     return StreamingBody(chunks, media_type="application/json", heartbeat=request.app.state.heartbeat,
                          headers=headers, on_disconnect=on_disconnect)
+
+
+class PushedChunks:
+    """A response's chunks written by their producer as they come, rather than pulled by the response.
+
+    ``produce(write)`` runs in a task of its own and calls ``write`` with each chunk, in its own call (for a run's
+    stream: the model's, as it publishes a token), so no reader task wakes per chunk. The response sends a chunk
+    at once while the connection takes it, and queues the next ones behind a send that has to wait; chunks
+    written before the response starts wait for it.
+    """
+
+    def __init__(self, produce: Callable[[Write], Awaitable[None]]) -> None:
+        self._pending: list[bytes] = []
+        self._send: Write | None = None
+        self.task = asyncio.ensure_future(produce(self.write))
+
+    def write(self, chunk: bytes) -> asyncio.Future[Any] | None:
+        """Send ``chunk`` (in order after the others); never blocks. Returns ``None``, or when the client does not
+        keep up, a future done once what it was given is sent: write more only then, or it queues up."""
+        if self._send is None:
+            self._pending.append(chunk)
+            return None
+        return self._send(chunk)
+
+    def attach(self, send: Write) -> None:
+        """From now on each chunk goes to ``send`` (the response has started); what came before goes first."""
+        self._send = send
+        if self._pending:
+            chunk = b"".join(self._pending)
+            self._pending = []
+            send(chunk)
+
+    async def until(self, started: asyncio.Future[T]) -> T:
+        """``started``'s result, once the producer gave it; or what the producer failed with before."""
+        await asyncio.wait((started, self.task), return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            self.task.result()  # raises what it failed with
+            raise RuntimeError("the stream ended before it started")
+        return started.result()
+
+    async def aclose(self) -> None:
+        await _cancel(self.task)
 
 
 class OpenStreams:
@@ -86,7 +132,7 @@ class StreamingBody:
     the client leaves unread that long ends the response early, with an ``error`` event saying why.
     """
 
-    def __init__(self, chunks: AsyncIterator[bytes], *, media_type: str, heartbeat: float,
+    def __init__(self, chunks: AsyncIterator[bytes] | PushedChunks, *, media_type: str, heartbeat: float,
                  patience: float | None = None, headers: Mapping[str, str] | None = None,
                  on_disconnect: Callable[[], Awaitable[None]] | None = None,
                  counter: OpenStreams | None = None) -> None:
@@ -99,6 +145,11 @@ class StreamingBody:
         self._since = 0.0  # loop time the last chunk or heartbeat was sent (or began to be)
         self._sending = False  # a chunk is being sent (the client may not be reading)
         self._stalled = False  # the client left a chunk unread too long: the sender was stopped
+        # Pushed chunks: the body's send, the task finishing a send that had to wait, and what queued behind it
+        self._send_body: Send | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._queued: list[bytes] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         raw = {"content-type": media_type, "cache-control": "no-store", **(headers or {})}
         if media_type == "text/event-stream":
             raw["x-accel-buffering"] = "no"  # nginx would otherwise hold events back
@@ -134,6 +185,8 @@ class StreamingBody:
 
     async def _send_all(self, send: Send) -> None:
         chunks = self.chunks
+        if isinstance(chunks, PushedChunks):
+            return await self._send_pushed(send, chunks)
         loop = asyncio.get_running_loop()
         self._since = loop.time()
         # One watchdog for the whole response (heartbeats, a reader too slow): a timer per chunk would
@@ -161,6 +214,66 @@ class StreamingBody:
                 with contextlib.suppress(Exception):
                     await aclose()
         await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    async def _send_pushed(self, send: Send, chunks: PushedChunks) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self._since = loop.time()
+        self._send_body = send
+        sender = asyncio.current_task()
+        watchdog = asyncio.ensure_future(self._watch(self._beat, sender))
+        last = b""
+        try:
+            chunks.attach(self._push)
+            try:
+                await chunks.task  # until the producer has written its last chunk (cancelling us cancels it)
+                if self._writer is not None:
+                    await self._writer  # what queued behind a send that had to wait
+            except asyncio.CancelledError:
+                if not self._stalled or sender is None:
+                    raise
+                sender.uncancel()  # the watchdog's cancel, handled here
+                last = self._too_slow()
+        finally:
+            await _cancel(watchdog, chunks.task, *([self._writer] if self._writer is not None else []))
+            self._queued = []
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    def _push(self, chunk: bytes) -> asyncio.Future[None] | None:
+        """Send ``chunk`` now, in the caller's own call, unless the connection holds it back: then in a task,
+        returned (see :meth:`PushedChunks.write`)."""
+        writer = self._writer
+        if writer is not None:  # a send is waiting for the client to read: in order, after it
+            if not writer.done():  # (done: the send failed, the connection is gone)
+                self._queued.append(chunk)
+            return writer
+        assert self._send_body is not None and self._loop is not None
+        self._since = self._loop.time()
+        step = self._send_body({"type": "http.response.body", "body": chunk, "more_body": True}).__await__()
+        try:
+            blocked = step.send(None)  # a send the connection takes at once ends in this step
+        except StopIteration:
+            return None
+        self._sending = True
+        self._writer = asyncio.ensure_future(self._finish(step, blocked))
+        return self._writer
+
+    async def _finish(self, step: Any, blocked: Any) -> None:
+        """Finish the send that had to wait, then send what queued behind it (each time all of it as one chunk).
+
+        If a send fails, the writer stays (done), so later chunks are dropped, and the response ends with its error.
+        """
+        assert self._send_body is not None and self._loop is not None
+        await _resume(step, blocked)
+        while self._queued:
+            chunk = b"".join(self._queued)
+            self._queued = []
+            self._since = self._loop.time()
+            await self._send_body({"type": "http.response.body", "body": chunk, "more_body": True})
+        self._writer = None
+        self._sending = False
+
+    async def _beat(self, message: Message) -> None:
+        self._push(message["body"])  # a heartbeat goes in order with the pushed chunks
 
     def _too_slow(self) -> bytes:
         logger.warning("a stream's reader left its writes unread for %s s: stream ended", self.patience)
@@ -192,6 +305,27 @@ class StreamingBody:
             else:
                 # the next heartbeat, or soon enough to catch a chunk that starts being sent meanwhile
                 await asyncio.sleep(min(self._since + self.interval - now, check))
+
+
+async def _resume(step: Any, blocked: Any) -> None:
+    """Go on with an awaitable's ``step`` (its ``__await__``) that was started outside any task and yielded
+    ``blocked`` (the future it waits for, or ``None`` to let others run), until it ends; as a task would."""
+    while True:
+        try:
+            if blocked is None:
+                await asyncio.sleep(0)
+            else:
+                await asyncio.wait((blocked,))
+        except asyncio.CancelledError as exc:
+            try:
+                blocked = step.throw(exc)  # it handles its own cancellation (cleans up, re-raises)
+            except StopIteration:
+                return
+            continue
+        try:
+            blocked = step.send(None)
+        except StopIteration:
+            return
 
 
 async def _cancel(*tasks: asyncio.Future[Any]) -> None:
