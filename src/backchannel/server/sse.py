@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -150,6 +151,7 @@ class StreamingBody:
         self._writer: asyncio.Task[None] | None = None
         self._queued: list[bytes] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._context: contextvars.Context | None = None  # to send in, when not the server's own send
         raw = {"content-type": media_type, "cache-control": "no-store", **(headers or {})}
         if media_type == "text/event-stream":
             raw["x-accel-buffering"] = "no"  # nginx would otherwise hold events back
@@ -159,7 +161,11 @@ class StreamingBody:
         if self.counter is not None:
             self.counter.count += 1
         try:
-            await self._respond(receive, send, scope.get(BODY_SEND, send))
+            send_body = scope.get(BODY_SEND)
+            if send_body is None and isinstance(self.chunks, PushedChunks):
+                # Middleware sees the body: its sends go on in the request's context, not the publisher's.
+                self._context = contextvars.copy_context()
+            await self._respond(receive, send, send_body or send)
         finally:
             if self.counter is not None:
                 self.counter.count -= 1
@@ -248,13 +254,14 @@ class StreamingBody:
             return writer
         assert self._send_body is not None and self._loop is not None
         self._since = self._loop.time()
+        context = self._context
         step = self._send_body({"type": "http.response.body", "body": chunk, "more_body": True}).__await__()
-        try:
-            blocked = step.send(None)  # a send the connection takes at once ends in this step
+        try:  # a send the connection takes at once ends in this step
+            blocked = step.send(None) if context is None else context.run(step.send, None)
         except StopIteration:
             return None
         self._sending = True
-        self._writer = asyncio.ensure_future(self._finish(step, blocked))
+        self._writer = self._loop.create_task(self._finish(step, blocked), context=context)
         return self._writer
 
     async def _finish(self, step: Any, blocked: Any) -> None:
