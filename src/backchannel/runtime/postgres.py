@@ -235,6 +235,8 @@ _THREAD_COLUMNS = "thread_id, created_at, updated_at, metadata::text, status, in
 _RUN_COLUMNS = ("run_id, thread_id, assistant_id, created_at, updated_at, status, metadata, kwargs, "
                 "multitask_strategy, worker_id, scheduled_at, error, concurrency_key, concurrency_limit, usage, "
                 "attempts, claim, agent_digest")
+# What claiming a run changes in its row (index in the run's values, and column).
+_CLAIMED = tuple((_RUN_COLUMNS.split(", ").index(column), column) for column in ("status", "attempts", "claim"))
 # A run's write under a claim (see the fencing rule): the claim's run row, locked against a take-over until
 # the write commits; a take-over that committed first makes it empty.
 _HELD = "SELECT 1 FROM runs WHERE run_id = %s AND claim = %s AND status = 'running' FOR SHARE"
@@ -621,37 +623,17 @@ class PostgresStorage(Storage):
         # deletion took its checkpoints; looked at all the same), so its run is claimed, with its first checkpoint;
         # one made meanwhile by another request is made busy here instead, and its run goes pending.
         running = replace(row, status="running", attempts=1, claim=claim)
-        existing = "SELECT 1 FROM threads WHERE thread_id = %(thread)s"
-        lock = "pg_try_advisory_xact_lock(%(lock)s, hashtext(%(thread)s))"
+        # The run's pending insert takes the claimed one's values but those the claim sets: 40 parameters at most,
+        # under psycopg's limit for caching a statement's parsing (50; it parsed this one at every run).
         params: dict[str, Any] = {"thread": row.thread_id, "lock": _THREAD_LOCK,
                                   **{f"r{i}": v for i, v in enumerate(run_values(running))},
-                                  **{f"p{i}": v for i, v in enumerate(run_values(row))}}
-        if thread is None:
-            made, there = "", f"EXISTS ({existing} FOR SHARE)"
-            free = (f"EXISTS ({existing} AND status = 'busy' FOR SHARE) AND NOT EXISTS (SELECT 1 FROM runs WHERE "
-                    f"thread_id = %(thread)s AND status IN ('pending', 'running')) AND {lock}")
-        else:
-            made = (f"t AS (INSERT INTO threads VALUES ({_named('t', 3)}, %(t3)s::jsonb, {_named('t', 7, 4)}) "
-                    "ON CONFLICT (thread_id) DO NOTHING RETURNING 1), ")
-            free = (f"EXISTS (SELECT 1 FROM t) AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %(thread)s) "
-                    f"AND NOT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %(thread)s) AND {lock}")  # left by none
-            there = f"(EXISTS (SELECT 1 FROM t) OR EXISTS ({existing} FOR SHARE))"
+                                  **{f"p{i}": getattr(row, column) for i, column in _CLAIMED}}
+        if thread is not None:
             params.update({f"t{i}": v for i, v in enumerate(thread_values(thread))})
-        written = ""
-        if first is not None and thread is not None:  # the thread's first checkpoint, only with the run claimed
-            written = f"c AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {_named('c', 10)} FROM i), "
-            params.update({f"c{i}": v for i, v in enumerate(checkpoint_values(first))})
-        busy = ("u AS (UPDATE threads SET status = 'busy', metadata = %(t3)s::jsonb, updated_at = %(t2)s "
-                "WHERE thread_id = %(thread)s AND NOT EXISTS (SELECT 1 FROM t) AND EXISTS (SELECT 1 FROM p)) "
-                if thread is not None else "")
-        found = await self._write_one(
-            f"WITH {made}free AS (SELECT 1 WHERE {free}), "
-            f"i AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {_named('r', 18)} FROM free ON CONFLICT DO NOTHING "
-            f"  RETURNING 1), {written}"
-            f"p AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {_named('p', 18)} WHERE NOT EXISTS (SELECT 1 FROM i) "
-            f"  AND {there} RETURNING 1){', ' if busy else ' '}{busy}"
-            f"SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM p){', (SELECT count(*) FROM t)' if made else ''}",
-            params)
+        # The thread's first checkpoint, only with the run claimed (and its thread made here).
+        written = checkpoint_values(first) if first is not None and thread is not None else ()
+        params.update({f"c{i}": v for i, v in enumerate(written)})
+        found = await self._write_one(_claim_on_insert(thread is not None, bool(written)), params)
         if thread is not None and found and not any(found):
             # Made by another request whose commit this statement waited for: not in the statement's view, so
             # the run goes in after it, as on any thread that exists.
@@ -1363,6 +1345,37 @@ async def _lock_claims(conn: AsyncConnection, candidates: list[RunRow]) -> list[
             running[key] += 1
         claimed.append(row)
     return claimed
+
+
+@functools.cache  # made for every run: its text once
+def _claim_on_insert(made: bool, written: bool) -> str:
+    """The statement of :meth:`PostgresStorage.create_claimed_run`: on a thread that exists, or that it ``made``
+    (then with the run's first checkpoint if ``written``)."""
+    existing = "SELECT 1 FROM threads WHERE thread_id = %(thread)s"
+    lock = "pg_try_advisory_xact_lock(%(lock)s, hashtext(%(thread)s))"
+    if not made:
+        thread, there = "", f"EXISTS ({existing} FOR SHARE)"
+        free = (f"EXISTS ({existing} AND status = 'busy' FOR SHARE) AND NOT EXISTS (SELECT 1 FROM runs WHERE "
+                f"thread_id = %(thread)s AND status IN ('pending', 'running')) AND {lock}")
+    else:
+        thread = (f"t AS (INSERT INTO threads VALUES ({_named('t', 3)}, %(t3)s::jsonb, {_named('t', 7, 4)}) "
+                  "ON CONFLICT (thread_id) DO NOTHING RETURNING 1), ")
+        free = (f"EXISTS (SELECT 1 FROM t) AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %(thread)s) "
+                f"AND NOT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %(thread)s) AND {lock}")  # left by none
+        there = f"(EXISTS (SELECT 1 FROM t) OR EXISTS ({existing} FOR SHARE))"
+    first = (f"c AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {_named('c', 10)} FROM i), "
+             if written else "")
+    busy = ("u AS (UPDATE threads SET status = 'busy', metadata = %(t3)s::jsonb, updated_at = %(t2)s "
+            "WHERE thread_id = %(thread)s AND NOT EXISTS (SELECT 1 FROM t) AND EXISTS (SELECT 1 FROM p)) "
+            if made else "")
+    claimed, claims = _named("r", 18), dict(_CLAIMED)
+    pending = ", ".join(f"%(p{i})s" if i in claims else f"%(r{i})s" for i in range(18))
+    return (f"WITH {thread}free AS (SELECT 1 WHERE {free}), "
+            f"i AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {claimed} FROM free ON CONFLICT DO NOTHING "
+            f"  RETURNING 1), {first}"
+            f"p AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {pending} WHERE NOT EXISTS (SELECT 1 FROM i) "
+            f"  AND {there} RETURNING 1){', ' if busy else ' '}{busy}"
+            f"SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM p){', (SELECT count(*) FROM t)' if made else ''}")
 
 
 @functools.cache  # statements that use it are made for every run
