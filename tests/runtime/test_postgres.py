@@ -194,3 +194,43 @@ async def test_deleting_a_thread_whose_run_a_writer_ends_meanwhile_is_not_a_dead
     finally:
         await writer.close()
         await storage.close()
+
+
+async def test_messages_sent_together_reach_every_process_in_order_in_one_notification(postgres_url):
+    # Every process listens to every message (the one sending it too): sent one notification each, a run's
+    # message to the others cost each process and its Postgres backend a notification per run (issue 22.2).
+    import psycopg
+    from psycopg import sql
+
+    sender, receiver = open_storage(postgres_url), open_storage(postgres_url)
+    await sender.open()
+    await receiver.open()
+    got: list[dict] = []
+    sending, receiving = sender.coordinator(), receiver.coordinator()
+    await sending.start(lambda message: None)
+    await receiving.start(got.append)
+    listener = await psycopg.AsyncConnection.connect(receiver.url, autocommit=True)
+    try:
+        await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(receiving.channel)))
+        sent = [{"k": "kick", "n": i} for i in range(200)]
+        sent[100]["big"] = "x" * 10_000  # too big for a notification: stored, and its reference sent in its place
+        for message in sent:
+            sending.publish(message)
+
+        async def notifications() -> int:
+            count = 0
+            async for _ in listener.notifies(timeout=1.0):
+                count += 1
+            return count
+
+        assert await notifications() <= 2  # 200 messages of ~20 bytes, and a reference: one or two packs
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(got) < len(sent) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        assert got == sent
+    finally:
+        await listener.close()
+        await sending.stop()
+        await receiving.stop()
+        await sender.close()
+        await receiver.close()

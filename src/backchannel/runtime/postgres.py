@@ -1175,10 +1175,12 @@ class PostgresCoordinator(Coordinator):
         return True
 
     async def _notify(self, batch: list[str]) -> None:
+        # The messages go packed, as JSON arrays: one notification, which every listening process (this one
+        # too) receives and parses, for all the messages of a batch rather than one for each.
         if not any(len(text.encode()) > _NOTIFY_LIMIT for text in batch):
             # Without a payload to store, one statement, sent with the writes of the tick (or of the next batch):
             # no round trip of its own. Sent as the batch commits, in the order queued.
-            await self.storage._write(_NOTIFY, (self.channel, batch))
+            await self.storage._write(_NOTIFY, (self.channel, _packed(batch)))
             return
         async with self.storage.pool.connection() as conn, conn.transaction():
             payloads = []
@@ -1187,7 +1189,7 @@ class PostgresCoordinator(Coordinator):
                     cursor = await conn.execute("INSERT INTO notifications (payload) VALUES (%s) RETURNING id", (text,))
                     text = json.dumps({"ref": (await cursor.fetchone())[0]})  # type: ignore[index]
                 payloads.append(text)
-            await conn.execute(_NOTIFY, (self.channel, payloads))
+            await conn.execute(_NOTIFY, (self.channel, _packed(payloads)))
 
     async def _listen_forever(self, listening: asyncio.Future[None]) -> None:
         delay = _RETRY_FIRST
@@ -1216,13 +1218,31 @@ class PostgresCoordinator(Coordinator):
                 delay = min(delay * 2, _RETRY_MAX)
 
     async def _deliver(self, payload: str) -> None:
-        message = json.loads(payload)
-        if set(message) == {"ref"}:
-            found = await self.storage._one("SELECT payload FROM notifications WHERE id = %s", (message["ref"],))
-            if found is None:
-                return
-            message = json.loads(found[0])
-        self._receive(message)
+        found = json.loads(payload)
+        for message in found if isinstance(found, list) else [found]:  # a pack, or a message alone
+            if set(message) == {"ref"}:
+                stored = await self.storage._one("SELECT payload FROM notifications WHERE id = %s", (message["ref"],))
+                if stored is None:
+                    continue
+                message = json.loads(stored[0])
+            self._receive(message)
+
+
+def _packed(messages: list[str]) -> list[str]:
+    """``messages`` (JSON texts, each within the limit) joined as JSON arrays of at most ``_NOTIFY_LIMIT`` bytes."""
+    packs: list[str] = []
+    pack: list[str] = []
+    size = 2
+    for text in messages:
+        length = len(text.encode()) + 1
+        if pack and size + length > _NOTIFY_LIMIT:
+            packs.append(f"[{','.join(pack)}]")
+            pack, size = [], 2
+        pack.append(text)
+        size += length
+    if pack:
+        packs.append(f"[{','.join(pack)}]")
+    return packs
 
 
 class _ChildrenChanged(Exception):
