@@ -409,13 +409,19 @@ async def test_a_long_thread_is_read_from_its_nearest_base_as_it_would_be_folded
     cached = await rt.threads.get_state(tid)
 
     chains = []
-    chain = rt.storage.checkpoint_chain
+    chain, based = rt.storage.checkpoint_chain, rt.storage.based_chain
 
     async def spied(*args, **kwargs):
         chains.append(await chain(*args, **kwargs))
         return chains[-1]
 
+    async def spied_based(*args, **kwargs):
+        bases, found = await based(*args, **kwargs)
+        chains.append(found)
+        return bases, found
+
     monkeypatch.setattr(rt.storage, "checkpoint_chain", spied)
+    monkeypatch.setattr(rt.storage, "based_chain", spied_based)
     rt.checkpoints.forget(tid)
     state_read = await rt.threads.get_state(tid)
     if type(rt.storage).__name__ != "MemoryStorage":  # a store in memory keeps no text to read
@@ -425,10 +431,10 @@ async def test_a_long_thread_is_read_from_its_nearest_base_as_it_would_be_folded
                    *await rt.threads.get_history(tid, limit=1000, stored_json=True)]
     continued = rt.checkpoints.jsonable(tid, (await rt.checkpoints.latest(tid, {})).values)
 
-    async def no_bases(thread_id, seq):
-        return []
+    async def no_bases(thread_id, *args):
+        return [], []
 
-    monkeypatch.setattr(rt.storage, "checkpoint_bases", no_bases)  # every state folded from the first checkpoint
+    monkeypatch.setattr(rt.storage, "based_chain", no_bases)  # every state folded from the first checkpoint
     rt.checkpoints.forget(tid)
     folded = await rt.threads.get_history(tid, limit=1000)
     assert state_read == cached == folded[0]

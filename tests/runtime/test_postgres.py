@@ -234,3 +234,34 @@ async def test_messages_sent_together_reach_every_process_in_order_in_one_notifi
         await receiving.stop()
         await sender.close()
         await receiver.close()
+
+
+async def test_the_state_of_a_long_thread_is_read_in_two_round_trips(postgres_url):
+    # The thread with its newest checkpoint, then the nearest base with the steps since (issue 22.3: four
+    # queries one after the other, ~0.1-0.2 ms each, were as much as the rest of a cold read).
+    import orjson
+    from runtime_helpers import looping_agent, user
+
+    from backchannel.runtime import LocalRuntime
+
+    async with LocalRuntime(postgres_url, agents={"agent": looping_agent(40)}) as rt:
+        await rt.runs.wait("long", "agent", input=user("go"), if_not_exists="create")
+        state = await rt.threads.get_state("long")
+        assert state["values"]["messages"][-1]["content"] == "done after 40 steps"
+        assert len(await rt.threads.get_history("long", limit=100)) > 64  # past the first base
+        taken: list[str] = []
+        acquire = rt.storage.pool.acquire
+
+        async def counted():
+            taken.append("connection")
+            return await acquire()
+
+        rt.storage.pool.acquire = counted
+        rounds = []
+        for stored_json in (False, True) * 3:  # the embedded API's, and the server's (the stored text unparsed)
+            rt.checkpoints.forget("long")  # read from the database, as after a restart
+            taken.clear()
+            read = await rt.threads.get_state("long", stored_json=stored_json)
+            assert orjson.loads(orjson.dumps(read)) == state
+            rounds.append(len(taken))
+        assert min(rounds) == 2, f"{rounds} round trips"  # (the runtime's own looks may fall into one)

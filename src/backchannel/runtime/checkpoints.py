@@ -29,7 +29,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -158,11 +158,14 @@ class Checkpointer:
                 state.count(row)
         return state
 
-    async def current(self, thread_id: str, reducers: Mapping[str, Reducer], *,
-                      text: bool = False) -> tuple[dict[str, Any], CheckpointRow | None]:
-        """The thread's newest state as JSON values, with its checkpoint: rendered from the cached state when
-        there is one, else read (a read builds no message objects; with ``text``, see :meth:`view`)."""
-        head = await self.storage.head_checkpoint(thread_id)
+    async def current(self, thread_id: str, reducers: Mapping[str, Reducer], *, text: bool = False,
+                      head: CheckpointRow | None | Literal["unread"] = "unread") -> tuple[dict[str, Any],
+                                                                                     CheckpointRow | None]:
+        """The thread's newest state as JSON values, with its checkpoint (``head``, if the caller read it):
+        rendered from the cached state when there is one, else read (a read builds no message objects; with
+        ``text``, see :meth:`view`)."""
+        if head == "unread":
+            head = await self.storage.head_checkpoint(thread_id)
         if head is None:
             return {}, None
         cached = self._latest.get(thread_id)
@@ -227,10 +230,9 @@ class Checkpointer:
             if row is None:
                 return [], []
             seq = row.seq
-        bases = await self.storage.checkpoint_bases(thread_id, seq) if seq > _BASE_EVERY else []
-        if bases:
-            chain = await self.storage.checkpoint_chain(thread_id, checkpoint_id, seq, since=bases[-1].seq)
-            if chain and chain[0].checkpoint_id == bases[-1].checkpoint_id:
+        if seq > _BASE_EVERY:
+            bases, chain = await self.storage.based_chain(thread_id, checkpoint_id, seq)
+            if bases and chain and chain[0].checkpoint_id == bases[-1].checkpoint_id:
                 return bases, chain
         return [], await self.storage.checkpoint_chain(thread_id, checkpoint_id, seq)
 

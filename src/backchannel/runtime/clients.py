@@ -394,11 +394,16 @@ class ThreadsClient:
         ``stored_json``: for a caller that only encodes the state with orjson (the server), its messages may come as
         one ``orjson.Fragment`` of their stored JSON text, unparsed (a long thread's parse costs ten times its
         encoding)."""
-        row = await self.row(thread_id)
         at = checkpoint_id or checkpoint_id_of(checkpoint)
-        reducers = self._registry.reducers_for(row)
-        values, head = (await self._checkpoints.view(thread_id, at, reducers, text=stored_json) if at
-                        else await self._checkpoints.current(thread_id, reducers, text=stored_json))
+        head: CheckpointRow | None
+        if at:
+            row = await self.row(thread_id)
+            values, head = await self._checkpoints.view(thread_id, at, self._registry.reducers_for(row),
+                                                        text=stored_json)
+        else:  # the thread and its newest checkpoint read together (one round trip on Postgres)
+            row, newest = await asyncio.gather(self.row(thread_id), self._storage.head_checkpoint(thread_id))
+            values, head = await self._checkpoints.current(thread_id, self._registry.reducers_for(row),
+                                                           text=stored_json, head=newest)
         return selected([self._render_state(row, values, head)], select, STATE_FIELDS, "state")[0]
 
     async def update_state(self, thread_id: str, values: Mapping[str, Any] | Sequence[Any] | None, *,

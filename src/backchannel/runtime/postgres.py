@@ -375,6 +375,15 @@ class PostgresStorage(Storage):
             asyncio.get_running_loop().call_soon(self._send_reads)
         return await done
 
+    async def _fetch_together(self, *reads: tuple[str, Sequence[Any] | Mapping[str, Any], str]) -> list[Any]:
+        """Reads that belong together, pipelined on a connection of their own (not batched with the tick's point
+        reads: they may be slow): one round trip, one snapshot."""
+        futures = [asyncio.get_running_loop().create_future() for _ in reads]
+        async with self.pool.connection() as conn:
+            await _run_batch(conn, [_Statement(sql, params, what, done) for (sql, params, what), done
+                                    in zip(reads, futures)])
+        return await asyncio.gather(*futures)
+
     def _send_reads(self) -> None:
         batch, self._reads = self._reads, []
         task = asyncio.ensure_future(self._read_batch(batch))
@@ -899,6 +908,19 @@ class PostgresStorage(Storage):
     async def checkpoint_bases(self, thread_id: str, seq: int) -> list[CheckpointBase]:
         found = await self._one(_BASES, {"thread": thread_id, "seq": seq}, batched=False)
         return base_chain(thread_id, [found] if found and found[0] is not None else [])
+
+    async def based_chain(self, thread_id: str, checkpoint_id: str,
+                          seq: int) -> tuple[list[CheckpointBase], list[CheckpointRow]]:
+        # Both in one round trip (and one snapshot): the chain's start is the nearest base's seq, found in its query.
+        params = {"thread": thread_id, "id": checkpoint_id, "seq": seq}
+        base, rows = await self._fetch_together(
+            (_BASES, params, "one"),
+            (f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints WHERE thread_id = %(thread)s AND seq <= %(seq)s "
+             "AND seq >= (SELECT max(seq) FROM checkpoint_bases WHERE thread_id = %(thread)s AND seq <= %(seq)s) "
+             "ORDER BY seq",
+             params, "all"))
+        bases = base_chain(thread_id, [base] if base and base[0] is not None else [])
+        return bases, checkpoint_chain(rows, checkpoint_id) if bases else []
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         await self._write("UPDATE checkpoints SET next = %s WHERE thread_id = %s AND checkpoint_id = %s",

@@ -269,6 +269,13 @@ class CheckpointStorage(Protocol):
         """The nearest base at or before ``seq`` and those it extends, oldest (a whole one) first, or joined into
         one whole base; empty when there is none, or when one it extends is gone."""
 
+    async def based_chain(self, thread_id: str, checkpoint_id: str,
+                          seq: int) -> tuple[list[CheckpointBase], list[CheckpointRow]]:
+        """The :meth:`checkpoint_bases` at or before ``seq``, and the :meth:`checkpoint_chain` up to ``checkpoint_id``
+        (at ``seq``) since the nearest one's seq: empty ones without a base. A backend may read both at once."""
+        bases = await self.checkpoint_bases(thread_id, seq)
+        return bases, (await self.checkpoint_chain(thread_id, checkpoint_id, seq, since=bases[-1].seq) if bases else [])
+
     @abc.abstractmethod
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
         """Change the stage a checkpoint continues at."""
