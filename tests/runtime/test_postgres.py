@@ -265,3 +265,26 @@ async def test_the_state_of_a_long_thread_is_read_in_two_round_trips(postgres_ur
             assert orjson.loads(orjson.dumps(read)) == state
             rounds.append(len(taken))
         assert min(rounds) == 2, f"{rounds} round trips"  # (the runtime's own looks may fall into one)
+
+
+async def test_a_batch_that_failed_leaves_no_statement_unusable(postgres_url):
+    # psycopg prepares a statement on its sixth use on a connection; in a batch (a pipeline) in which an earlier
+    # statement failed, the database skips the preparing too, but psycopg took it as done: every later use of the
+    # statement on that connection failed ("prepared statement "_pg3_8" does not exist"; seen as runs that could
+    # never end their runs in a three-server test where a server was killed).
+    from backchannel.runtime.postgres import PostgresStorage
+
+    storage = PostgresStorage(postgres_url, max_connections=1)
+    await storage.open()
+    try:
+        now = now_iso()
+        for i in range(5):  # used five times: the next use prepares it
+            assert await storage.create_thread(ThreadRow(f"t{i}", now, now))
+        failed, made = await asyncio.gather(storage._write("SELECT 1 / 0"),
+                                            storage.create_thread(ThreadRow("t5", now, now)), return_exceptions=True)
+        assert "division by zero" in str(failed) and made is True
+        for i in range(6, 9):
+            assert await storage.create_thread(ThreadRow(f"t{i}", now, now))
+        assert len(await storage.search_threads(limit=20)) == 9
+    finally:
+        await storage.close()

@@ -1288,15 +1288,23 @@ async def _run_batch(conn: AsyncConnection[Any], batch: list[_Statement]) -> Non
                 cursors = [await conn.execute(w.sql, w.params) for w in batch]
             results = [await _result(c, w.what) for c, w in zip(cursors, batch)]
         except psycopg.Error:
-            pass
-        else:
-            for write, result in zip(batch, results):
-                if not write.done.done():
-                    write.done.set_result(result)
+            # The database skipped what followed the failed statement, the preparing of one (at its sixth use)
+            # too, which psycopg takes as done: each of its later uses on this connection would fail. So the
+            # statements go again unprepared, and the connection is closed after them (a new one has none).
+            await _run_each(conn, batch, prepare=False)
+            await conn.close()
             return
+        for write, result in zip(batch, results):
+            if not write.done.done():
+                write.done.set_result(result)
+        return
+    await _run_each(conn, batch)
+
+
+async def _run_each(conn: AsyncConnection[Any], batch: list[_Statement], *, prepare: bool | None = None) -> None:
     for write in batch:
         try:
-            result = await _result(await conn.execute(write.sql, write.params), write.what)
+            result = await _result(await conn.execute(write.sql, write.params, prepare=prepare), write.what)
         except Exception as exc:
             if not write.done.done():
                 write.done.set_exception(unavailable(conn, exc))
