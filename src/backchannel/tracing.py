@@ -90,15 +90,16 @@ class RunSpan:
 class Trace:
     """The spans of one run and of the subagents it runs to completion (their contexts share it).
 
-    While the run goes on, a finished call is one tuple, ``(kind, run, start, end, subject,
-    outcome, error)``: the model's name and its reply, or the tool call and its result message.
-    What they mean (statuses, usage) is worked out when asked, so a step costs little.
+    While the run goes on, a finished call is seven entries of ``calls``, ``kind, run, start, end,
+    subject, outcome, error`` (the model's name and its reply, or the tool call and its result
+    message): no tuple per call, since a thousand live subagents each keep theirs. What they mean
+    (statuses, usage) is worked out when asked, so a step costs little.
     """
 
     __slots__ = ("calls", "runs", "on", "_otel")
 
     def __init__(self, *, kept: bool = True) -> None:
-        self.calls: list[tuple[Any, ...]] = []
+        self.calls: list[Any] = []
         self.runs: list[RunSpan] = []  # in the order they started: the first is the root
         self._otel = _otel()  # None: OpenTelemetry is off
         # Whether anything is recorded: ``kept=False`` when nobody will read the record (a run
@@ -152,7 +153,8 @@ class Trace:
     def usage_of(self, run: RunSpan) -> dict[str, Any]:
         """The tokens of ``run``'s model calls and its subagents' (these also by subagent)."""
         total = empty_usage()
-        for kind, owner, _, _, _, reply, _ in self.calls:
+        calls = self.calls
+        for kind, owner, reply in zip(calls[::7], calls[1::7], calls[5::7]):
             if kind != _MODEL or reply is None:
                 continue
             if owner is run:
@@ -171,11 +173,11 @@ class Trace:
         try:
             message = await work
         except BaseException as exc:
-            self.calls.append((_MODEL, ctx.span, start, time.time(), request.model.name, None, exc))
+            self.calls += (_MODEL, ctx.span, start, time.time(), request.model.name, None, exc)
             if otel is not None:
                 otel.end_chat(handle, None, _status_of(exc, ctx.deadline is not None), exc)
             raise
-        self.calls.append((_MODEL, ctx.span, start, time.time(), request.model.name, message, None))
+        self.calls += (_MODEL, ctx.span, start, time.time(), request.model.name, message, None)
         if otel is not None:
             otel.end_chat(handle, message, "success", None)
         return message
@@ -189,7 +191,7 @@ class Trace:
                  message: ToolMessage | None, error: BaseException | None) -> None:
         """Record a tool call that gave its result ``message`` or raised ``error``, and end its span."""
         start, handle = opened
-        self.calls.append((_TOOL, ctx.span, start, time.time(), call, message, error))
+        self.calls += (_TOOL, ctx.span, start, time.time(), call, message, error)
         if self._otel is not None:
             status, text = _tool_status(message, error, ctx.deadline is not None)
             self._otel.end_tool(handle, message, status, error, text)
@@ -202,9 +204,14 @@ class Trace:
         for message in messages:
             note = message.additional_kwargs.get("task_notification") if isinstance(message, HumanMessage) else None
             if note is not None:
-                self.calls.append((_NOTIFICATION, ctx.span, now, now, note, None, None))
+                self.calls += (_NOTIFICATION, ctx.span, now, now, note, None, None)
                 if self._otel is not None:
                     self._otel.notification(note)
+
+    def _each_call(self) -> Iterator[tuple[Any, ...]]:
+        """The finished calls as ``(kind, run, start, end, subject, outcome, error)``."""
+        calls = self.calls
+        return zip(*(calls[i::7] for i in range(7)))
 
     # -- reading them out
 
@@ -217,7 +224,7 @@ class Trace:
         run_ids = {id(r): i for i, r in enumerate(runs)}
         out: list[dict[str, Any]] = [_run_dict(i, r, run_ids) for i, r in enumerate(runs)]
         tool_ids: dict[tuple[int, str], int] = {}  # (its run, call id) -> a tool call's id
-        for kind, owner, start, end, subject, outcome, error in self.calls:
+        for kind, owner, start, end, subject, outcome, error in self._each_call():
             if id(owner) in run_ids:
                 item = _call_dict(kind, owner, subject, outcome, error)
                 item.update(id=len(out), parent=run_ids[id(owner)], start=start, end=end)

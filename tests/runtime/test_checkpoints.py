@@ -51,6 +51,26 @@ async def test_a_checkpoint_per_step_on_a_thread_made_with_its_run(make_runtime)
     assert contents(again)[:4] == contents(values[-1]) and contents(again)[4] == "again"
 
 
+async def test_what_a_reader_changes_in_what_it_read_back_changes_no_checkpoint(make_runtime):
+    # The memory store keeps one metadata dict for all checkpoints of the same source and step, and a step's one
+    # message without the dict and list around it (issue 22.5): every reader still gets values of its own.
+    rt = await make_runtime({"agent": looping_agent(1)})
+    threads = [(await rt.threads.create())["thread_id"] for _ in range(2)]
+    for tid in threads:
+        await rt.runs.wait(tid, "agent", input=user("go"))
+    before = [await rt.threads.get_history(tid, limit=100) for tid in threads]
+    for item in await rt.threads.get_history(threads[0], limit=100):
+        item["metadata"]["step"] = 99
+        item["metadata"]["source"] = "changed"
+        item["values"]["messages"].clear()
+    state = await rt.threads.get_state(threads[0], checkpoint_id=before[0][-1]["checkpoint_id"])
+    state["values"]["messages"].append({"type": "human", "content": "added"})
+    assert [await rt.threads.get_history(tid, limit=100) for tid in threads] == before
+    for history in before:
+        assert [h["metadata"]["step"] for h in reversed(history)] == [-1, 0, 1, 2]
+        assert [len(h["values"]["messages"]) for h in reversed(history)] == [1, 2, 3, 4]
+
+
 async def test_checkpoints_store_deltas_not_copies(make_runtime):
     rt = await make_runtime({"agent": looping_agent(30)})
     thread = await rt.threads.create()

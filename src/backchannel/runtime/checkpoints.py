@@ -26,6 +26,7 @@ checkpoint) fold JSON values and build no message objects.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -342,7 +343,7 @@ class Checkpointer:
         whole = self._whole_if_due(state, update)
         return CheckpointRow(
             thread_id, new_id(), parent.checkpoint_id if parent else None, seq, run_id,
-            delta if whole is None else whole, next_stage, {"source": source, "step": step}, now_iso(),
+            delta if whole is None else whole, next_stage, _step_metadata(source, step), now_iso(),
             whole is not None), written
 
     @staticmethod
@@ -406,6 +407,13 @@ def _advance(state: ThreadState, row: CheckpointRow, base: _Base | None, update:
     state.count(row)
     state.head = row
     state.newest = True
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_metadata(source: str, step: int) -> dict[str, Any]:
+    """A checkpoint's metadata: one dict for every checkpoint of the same source and step (a thousand live threads
+    each keep theirs), which nothing changes once made (readers copy it into what they render)."""
+    return {"source": source, "step": step}
 
 
 def _whole_delta(state: ThreadState) -> Delta:

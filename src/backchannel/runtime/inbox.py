@@ -58,14 +58,14 @@ class ThreadInbox:
         # Keys this run delivered: the same mail announced again is ignored. Until a first ack, and
         # without a waiter, an inbox holds no more than it must (thousands of subagents each have one).
         self._taken: frozenset[str] = _NONE_TAKEN
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: tuple[asyncio.Future[None], ...] = ()  # (rarely more than one: a tuple made when one waits)
 
     def push(self, key: str, message: AnyMessage) -> None:
         """A message for this run (already stored)."""
         if key in self._taken or key in self._messages:
             return
         self._messages[key] = message
-        waiters, self._waiters = self._waiters, []
+        waiters, self._waiters = self._waiters, ()
         for waiter in waiters:
             if not waiter.done():  # its run may have been cancelled
                 waiter.set_result(None)
@@ -85,5 +85,5 @@ class ThreadInbox:
         """Until a message is here."""
         if not self._messages:
             waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
+            self._waiters = (*self._waiters, waiter)
             await waiter

@@ -64,8 +64,8 @@ class MemoryStorage(Storage):
         self._pending: dict[str, None] = {}  # pending run ids, in creation order
         self._running_thread: dict[str, str] = {}  # thread -> its running run
         self._running_keys: Counter[str] = Counter()  # concurrency key -> running runs
-        self._checkpoints: dict[str, list[CheckpointRow]] = {}
-        self._checkpoint_by_id: dict[str, dict[str, CheckpointRow]] = {}
+        # thread -> checkpoint id -> its row, in the order written (one table: a thousand live threads each keep one)
+        self._checkpoints: dict[str, dict[str, CheckpointRow]] = {}
         self._pending_writes: dict[str, dict[str, Mapping[str, Any]]] = {}
         self._inbox: dict[str, dict[str, list[Any]]] = {}  # thread -> key -> [message, delivered]
         self._items: dict[tuple[tuple[str, ...], str], ItemRow] = {}
@@ -112,7 +112,7 @@ class MemoryStorage(Storage):
     async def delete_thread(self, thread_id: str) -> bool:
         for run_id in list(self._runs_of.get(thread_id, ())):
             await self.delete_run(run_id)
-        for table in (self._runs_of, self._checkpoints, self._checkpoint_by_id, self._pending_writes, self._inbox,
+        for table in (self._runs_of, self._checkpoints, self._pending_writes, self._inbox,
                       self._thread_ttl):
             table.pop(thread_id, None)
         for cron in [c for c in self._crons.values() if c.thread_id == thread_id]:
@@ -174,8 +174,8 @@ class MemoryStorage(Storage):
 
     def _sort_key(self, row: ThreadRow, sort_by: str) -> str:
         if sort_by == "state_updated_at":  # when the state last changed: its newest checkpoint's time
-            checkpoints = self._checkpoints.get(row.thread_id)
-            return checkpoints[-1].created_at if checkpoints else row.updated_at
+            newest = self._newest_checkpoint(row.thread_id)
+            return newest.created_at if newest is not None else row.updated_at
         return str(getattr(row, sort_by))
 
     async def count_threads(self, *, metadata: dict[str, Any] | None = None,
@@ -353,32 +353,36 @@ class MemoryStorage(Storage):
                              parent_seq: int | None = None, base: CheckpointBase | None = None) -> bool:
         # No base kept: a state in memory is folded from objects, with no text to parse.
         self._held(claim)
-        by_id = self._checkpoint_by_id.setdefault(row.thread_id, {})
+        by_id = self._checkpoints.setdefault(row.thread_id, {})
         if parent_seq is not None and row.parent_id not in by_id:
             return False
         row = _copy(row)
         if isinstance(row.delta, Delta):
-            row.delta.drop_text()
-        self._checkpoints.setdefault(row.thread_id, []).append(row)
+            row.delta = row.delta.kept_in_memory()
         by_id[row.checkpoint_id] = row
         return True
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
-        row = self._checkpoint_by_id.get(thread_id, {}).get(checkpoint_id)
+        row = self._checkpoints.get(thread_id, {}).get(checkpoint_id)
         return _copy(row) if row else None
 
     async def head_checkpoint(self, thread_id: str) -> CheckpointRow | None:
+        row = self._newest_checkpoint(thread_id)
+        return _copy(row) if row else None
+
+    def _newest_checkpoint(self, thread_id: str) -> CheckpointRow | None:
         rows = self._checkpoints.get(thread_id)
-        return _copy(rows[-1]) if rows else None
+        return next(reversed(rows.values())) if rows else None
 
     async def list_checkpoints(self, thread_id: str, *, limit: int | None = None,
                                before_seq: int | None = None) -> list[CheckpointRow]:
-        rows = [r for r in reversed(self._checkpoints.get(thread_id, ())) if before_seq is None or r.seq < before_seq]
+        rows = [r for r in reversed(self._checkpoints.get(thread_id, {}).values())
+                if before_seq is None or r.seq < before_seq]
         return [_copy(r) for r in rows[:limit]]
 
     async def checkpoint_chain(self, thread_id: str, checkpoint_id: str, seq: int | None = None, *,
                                since: int | None = None) -> list[CheckpointRow]:
-        by_id = self._checkpoint_by_id.get(thread_id, {})
+        by_id = self._checkpoints.get(thread_id, {})
         chain: list[CheckpointRow] = []
         current: str | None = checkpoint_id if checkpoint_id in by_id else None
         while current is not None:
@@ -394,12 +398,12 @@ class MemoryStorage(Storage):
         return []
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
-        row = self._checkpoint_by_id.get(thread_id, {}).get(checkpoint_id)
+        row = self._checkpoints.get(thread_id, {}).get(checkpoint_id)
         if row is not None:
             row.next = next
 
     async def children_of_run(self, thread_id: str, run_id: str) -> list[CheckpointRow]:
-        rows = self._checkpoints.get(thread_id, ())
+        rows = self._checkpoints.get(thread_id, {}).values()
         ids = {r.checkpoint_id for r in rows if r.run_id == run_id}
         return [_copy(r) for r in rows if r.run_id != run_id and not r.whole and r.parent_id in ids]
 
@@ -409,22 +413,20 @@ class MemoryStorage(Storage):
         if {r.checkpoint_id for r in await self.children_of_run(thread_id, run_id)} - replaced.keys():
             return False
         kept = [_copy(replaced[r.checkpoint_id]) if r.checkpoint_id in replaced else r
-                for r in self._checkpoints.get(thread_id, ()) if r.run_id != run_id]
-        self._checkpoints[thread_id] = kept
-        self._checkpoint_by_id[thread_id] = {r.checkpoint_id: r for r in kept}
+                for r in self._checkpoints.get(thread_id, {}).values() if r.run_id != run_id]
+        self._checkpoints[thread_id] = {r.checkpoint_id: r for r in kept}
         return True
 
     async def keep_only_checkpoint(self, row: CheckpointRow) -> bool:
-        rows = self._checkpoints.get(row.thread_id)
-        if not rows or rows[-1].checkpoint_id != row.checkpoint_id or self._busy(row.thread_id):
+        newest = self._newest_checkpoint(row.thread_id)
+        if newest is None or newest.checkpoint_id != row.checkpoint_id or self._busy(row.thread_id):
             return False
         kept = _copy(row)
-        self._checkpoints[row.thread_id] = [kept]
-        self._checkpoint_by_id[row.thread_id] = {kept.checkpoint_id: kept}
+        self._checkpoints[row.thread_id] = {kept.checkpoint_id: kept}
         return True
 
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
-        for row in self._checkpoints.get(thread_id, ()):
+        for row in list(self._checkpoints.get(thread_id, {}).values()):
             await self.put_checkpoint(replace(row, thread_id=new_thread_id))
 
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],

@@ -183,9 +183,10 @@ class RunQueue:
         graph_id = assistant.graph_id
         metadata = {**thread.metadata, **(config or {}).get("metadata", {}), **dict(run.metadata or {}),
                     "graph_id": graph_id, "assistant_id": assistant.assistant_id}
-        return RunRow(str(uuid.uuid4()), thread.thread_id, assistant.assistant_id, now.isoformat(), now.isoformat(),
+        stamp = now.isoformat()  # one string for its times that are the same (each run keeps them)
+        return RunRow(str(uuid.uuid4()), thread.thread_id, assistant.assistant_id, stamp, stamp,
                       "pending", metadata, kwargs, strategy, self.worker_id,
-                      (now + timedelta(seconds=run.after_seconds or 0)).isoformat(),
+                      (now + timedelta(seconds=run.after_seconds)).isoformat() if run.after_seconds else stamp,
                       concurrency_key=run.concurrency_key, concurrency_limit=run.concurrency_limit,
                       agent_digest=self.registry.digest_of(graph_id))
 
