@@ -3,11 +3,12 @@ one that falls too far behind is told so, and memory stays flat (a real ``backch
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from server_agents import AGENTS
 from server_helpers import ProcessServer, ThreadServer, user
 
 from backchannel import ScriptedModel, ToolMessage, create_agent, tool
+from backchannel.models.base import ChatModel, FinishDelta, TextDelta
 from backchannel.runtime import LocalRuntime
 from backchannel.server import create_app
 
@@ -205,6 +207,12 @@ def raw_stream(url: str, thread_id: str, body: dict[str, Any]) -> socket.socket:
 
 def read_response(sock: socket.socket, timeout: float) -> tuple[bytes, bytes]:
     """The head and the de-chunked body of a chunked response, read to its last chunk."""
+    head, chunks = read_chunks(sock, timeout)
+    return head, b"".join(chunks)
+
+
+def read_chunks(sock: socket.socket, timeout: float) -> tuple[bytes, list[bytes]]:
+    """The head and the chunks of a chunked response (each one write of the server's), read to its last."""
     sock.settimeout(timeout)
     received = bytearray()
     while not received.endswith(b"\r\n0\r\n\r\n"):
@@ -212,13 +220,13 @@ def read_response(sock: socket.socket, timeout: float) -> tuple[bytes, bytes]:
         assert chunk, "the server closed the connection before the response's end"
         received += chunk
     head, _, rest = bytes(received).partition(b"\r\n\r\n")
-    body = bytearray()
+    chunks = []
     while True:
         size_line, _, rest = rest.partition(b"\r\n")
         size = int(size_line, 16)
         if size == 0:
-            return head, bytes(body)
-        body += rest[:size]
+            return head, chunks
+        chunks.append(rest[:size])
         rest = rest[size + 2:]
 
 
@@ -273,3 +281,35 @@ def test_a_reader_that_falls_behind_then_leaves_cancels_its_run_when_asked(tmp_p
         with httpx.stream("POST", f"{server.url}/threads/{tid}/runs/stream", timeout=30,
                           json={"assistant_id": "echo", "input": user("hi")}) as r:
             assert "echo: hi" in r.read().decode()
+
+
+class Bursts(ChatModel):
+    """Streams 5 bursts of 5 tokens, the tokens of a burst at once (one network read's worth), 0.2 s apart."""
+
+    async def stream(self, request: Any) -> AsyncIterator[Any]:
+        for burst in range(5):
+            await asyncio.sleep(0.2)
+            for token in range(5):
+                yield TextDelta(f"{burst}.{token} ")
+        yield FinishDelta(None, "stop", {}, None)
+
+
+def test_a_burst_of_tokens_goes_out_in_one_write(tmp_path):
+    """Tokens published at once (a model's network read holding several) reach the client in one chunk, not
+    one write each; each token still its own event, in order."""
+    runtime = LocalRuntime(f"sqlite:///{tmp_path / 'db'}", {"bursts": create_agent(Bursts(), name="bursts")})
+    with ThreadServer(create_app(runtime)) as server:
+        tid = httpx.post(f"{server.url}/threads", json={}).json()["thread_id"]
+        sock = raw_stream(server.url, tid, {"assistant_id": "bursts", "input": user("go"),
+                                            "stream_mode": ["messages-tuple"]})
+        try:
+            _head, chunks = read_chunks(sock, timeout=30)
+        finally:
+            sock.close()
+    with_tokens = []
+    for chunk in chunks:
+        tokens = [json.loads(frame.partition("data: ")[2])[0]["content"] for frame in chunk.decode().split("\r\n\r\n")
+                  if frame.startswith("event: messages\r\n")]
+        if any(tokens):
+            with_tokens.append([t for t in tokens if t])
+    assert with_tokens == [[f"{burst}.{token} " for token in range(5)] for burst in range(5)]

@@ -151,7 +151,8 @@ class StreamingBody:
         self._writer: asyncio.Task[None] | None = None
         self._queued: list[bytes] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._context: contextvars.Context | None = None  # to send in, when not the server's own send
+        self._context: contextvars.Context | None = None  # the request's: pushed chunks are sent in it
+        self._corked: list[bytes] = []  # chunks pushed in this turn of the event loop, sent at its end
         raw = {"content-type": media_type, "cache-control": "no-store", **(headers or {})}
         if media_type == "text/event-stream":
             raw["x-accel-buffering"] = "no"  # nginx would otherwise hold events back
@@ -161,11 +162,7 @@ class StreamingBody:
         if self.counter is not None:
             self.counter.count += 1
         try:
-            send_body = scope.get(BODY_SEND)
-            if send_body is None and isinstance(self.chunks, PushedChunks):
-                # Middleware sees the body: its sends go on in the request's context, not the publisher's.
-                self._context = contextvars.copy_context()
-            await self._respond(receive, send, send_body or send)
+            await self._respond(receive, send, scope.get(BODY_SEND, send))
         finally:
             if self.counter is not None:
                 self.counter.count -= 1
@@ -225,6 +222,7 @@ class StreamingBody:
         loop = self._loop = asyncio.get_running_loop()
         self._since = loop.time()
         self._send_body = send
+        self._context = contextvars.copy_context()  # not the publisher's (middleware in the send's path may care)
         sender = asyncio.current_task()
         watchdog = asyncio.ensure_future(self._watch(self._beat, sender))
         last = b""
@@ -232,6 +230,7 @@ class StreamingBody:
             chunks.attach(self._push)
             try:
                 await chunks.task  # until the producer has written its last chunk (cancelling us cancels it)
+                self._send_corked()
                 if self._writer is not None:
                     await self._writer  # what queued behind a send that had to wait
             except asyncio.CancelledError:
@@ -242,27 +241,45 @@ class StreamingBody:
         finally:
             await _cancel(watchdog, chunks.task, *([self._writer] if self._writer is not None else []))
             self._queued = []
+            self._corked.clear()
         await send({"type": "http.response.body", "body": last, "more_body": False})
 
     def _push(self, chunk: bytes) -> asyncio.Future[None] | None:
-        """Send ``chunk`` now, in the caller's own call, unless the connection holds it back: then in a task,
-        returned (see :meth:`PushedChunks.write`)."""
+        """Send ``chunk`` at the end of this turn of the event loop, with the others pushed in it (a burst: a
+        model's network read, a step's end, in one write); queued behind a send that has to wait, whose task
+        is returned then (see :meth:`PushedChunks.write`)."""
         writer = self._writer
         if writer is not None:  # a send is waiting for the client to read: in order, after it
             if not writer.done():  # (done: the send failed, the connection is gone)
                 self._queued.append(chunk)
             return writer
+        corked = self._corked
+        corked.append(chunk)
+        if len(corked) == 1:
+            assert self._loop is not None
+            self._loop.call_soon(self._send_corked, context=self._context)
+        return None
+
+    def _send_corked(self) -> None:
+        """Send the chunks pushed in the last turn of the event loop, at once while the connection takes them,
+        else in a task (a callback, not a task a chunk)."""
+        corked = self._corked
+        if not corked:
+            return
+        chunk = corked[0] if len(corked) == 1 else b"".join(corked)
+        corked.clear()
         assert self._send_body is not None and self._loop is not None
+        if self._writer is not None:  # (sent from the response's end, while a send waits)
+            self._queued.append(chunk)
+            return
         self._since = self._loop.time()
-        context = self._context
         step = self._send_body({"type": "http.response.body", "body": chunk, "more_body": True}).__await__()
-        try:  # a send the connection takes at once ends in this step
-            blocked = step.send(None) if context is None else context.run(step.send, None)
+        try:
+            blocked = step.send(None)  # a send the connection takes at once ends in this step
         except StopIteration:
-            return None
+            return
         self._sending = True
-        self._writer = self._loop.create_task(self._finish(step, blocked), context=context)
-        return self._writer
+        self._writer = self._loop.create_task(self._finish(step, blocked), context=self._context)
 
     async def _finish(self, step: Any, blocked: Any) -> None:
         """Finish the send that had to wait, then send what queued behind it (each time all of it as one chunk).
