@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -152,7 +153,9 @@ class StreamingBody:
         self._queued: list[bytes] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._context: contextvars.Context | None = None  # the request's: pushed chunks are sent in it
-        self._corked: list[bytes] = []  # chunks pushed in this turn of the event loop, sent at its end
+        self._corked: list[bytes] = []  # chunks pushed after the first in this turn of the event loop: sent at its end
+        self._turns: _Turns | None = None  # the event loop's
+        self._turn = -1  # the turn of the last chunk sent at once
         raw = {"content-type": media_type, "cache-control": "no-store", **(headers or {})}
         if media_type == "text/event-stream":
             raw["x-accel-buffering"] = "no"  # nginx would otherwise hold events back
@@ -223,6 +226,7 @@ class StreamingBody:
         self._since = loop.time()
         self._send_body = send
         self._context = contextvars.copy_context()  # not the publisher's (middleware in the send's path may care)
+        self._turns = _turns_of(loop)
         sender = asyncio.current_task()
         watchdog = asyncio.ensure_future(self._watch(self._beat, sender))
         last = b""
@@ -245,41 +249,49 @@ class StreamingBody:
         await send({"type": "http.response.body", "body": last, "more_body": False})
 
     def _push(self, chunk: bytes) -> asyncio.Future[None] | None:
-        """Send ``chunk`` at the end of this turn of the event loop, with the others pushed in it (a burst: a
-        model's network read, a step's end, in one write); queued behind a send that has to wait, whose task
-        is returned then (see :meth:`PushedChunks.write`)."""
+        """Send ``chunk``: at once if it is the connection's first in this turn of the event loop, else at the
+        turn's end with the others pushed in it (a burst: a model's network read, a step's end, in one write);
+        queued behind a send that has to wait, whose task is returned then (see :meth:`PushedChunks.write`)."""
         writer = self._writer
         if writer is not None:  # a send is waiting for the client to read: in order, after it
             if not writer.done():  # (done: the send failed, the connection is gone)
                 self._queued.append(chunk)
             return writer
         corked = self._corked
+        if corked:  # to be sent at this turn's end
+            corked.append(chunk)
+            return None
+        assert self._turns is not None and self._context is not None and self._loop is not None
+        turn = self._turns.now()
+        if turn != self._turn:
+            self._turn = turn
+            return self._context.run(self._send_now, chunk)  # in the request's context, not the publisher's
         corked.append(chunk)
-        if len(corked) == 1:
-            assert self._loop is not None
-            self._loop.call_soon(self._send_corked, context=self._context)
+        self._loop.call_soon(self._send_corked, context=self._context)
         return None
 
     def _send_corked(self) -> None:
-        """Send the chunks pushed in the last turn of the event loop, at once while the connection takes them,
-        else in a task (a callback, not a task a chunk)."""
         corked = self._corked
-        if not corked:
-            return
-        chunk = corked[0] if len(corked) == 1 else b"".join(corked)
-        corked.clear()
+        if corked:
+            chunk = corked[0] if len(corked) == 1 else b"".join(corked)
+            corked.clear()
+            self._send_now(chunk)
+
+    def _send_now(self, chunk: bytes) -> asyncio.Future[None] | None:
+        """Send ``chunk`` at once while the connection takes it, else in a task (returned)."""
         assert self._send_body is not None and self._loop is not None
-        if self._writer is not None:  # (sent from the response's end, while a send waits)
+        if self._writer is not None:  # (the response's end, while a send waits)
             self._queued.append(chunk)
-            return
+            return self._writer
         self._since = self._loop.time()
         step = self._send_body({"type": "http.response.body", "body": chunk, "more_body": True}).__await__()
         try:
             blocked = step.send(None)  # a send the connection takes at once ends in this step
         except StopIteration:
-            return
+            return None
         self._sending = True
         self._writer = self._loop.create_task(self._finish(step, blocked), context=self._context)
+        return self._writer
 
     async def _finish(self, step: Any, blocked: Any) -> None:
         """Finish the send that had to wait, then send what queued behind it (each time all of it as one chunk).
@@ -329,6 +341,38 @@ class StreamingBody:
             else:
                 # the next heartbeat, or soon enough to catch a chunk that starts being sent meanwhile
                 await asyncio.sleep(min(self._since + self.interval - now, check))
+
+
+class _Turns:
+    """Counts an event loop's turns, lazily: a callback at the end of each turn in which somebody asked."""
+
+    __slots__ = ("loop", "count", "_asked")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.count = 0
+        self._asked = False
+
+    def now(self) -> int:
+        """The current turn's number."""
+        if not self._asked:
+            self._asked = True
+            self.loop.call_soon(self._next)
+        return self.count
+
+    def _next(self) -> None:
+        self.count += 1
+        self._asked = False
+
+
+_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = weakref.WeakKeyDictionary()
+
+
+def _turns_of(loop: asyncio.AbstractEventLoop) -> _Turns:
+    turns = _TURNS.get(loop)
+    if turns is None:
+        turns = _TURNS[loop] = _Turns(loop)
+    return turns
 
 
 async def _resume(step: Any, blocked: Any) -> None:
