@@ -13,6 +13,11 @@ reader has not had), ends with an ``error`` event saying why, and the
 connection is dropped if that is not read either
 (:mod:`backchannel.server.connections`).
 
+A run's stream is pushed (:class:`PushedChunks`): each chunk is sent in the call that
+wrote it (the model's, as it publishes a token) while the connection takes it, the
+rest of a burst at the end of the event loop's turn; a send that has to wait goes on
+in a task, and the run's stream keeps what comes meanwhile.
+
 A response's body goes to the server's own ``send`` when the app put it in the
 scope (:data:`BODY_SEND`: it does while its middleware is its own, which acts on
 a response's start, CORS headers and errors before it, and passes each body
@@ -115,9 +120,6 @@ class PushedChunks:
             self.task.result()  # raises what it failed with
             raise RuntimeError("the stream ended before it started")
         return started.result()
-
-    async def aclose(self) -> None:
-        await _cancel(self.task)
 
 
 class OpenStreams:
