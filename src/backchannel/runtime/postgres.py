@@ -260,7 +260,7 @@ _NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT c.metadata ->> 'parent_thread_id
                     "AND c.metadata ->> 'parent_thread_id' IS NOT NULL) "
                     "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
 # Volatile functions run after ORDER BY: the notifications go out in the order they were queued.
-_NOTIFY = "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i"
+_NOTIFY = "SELECT pg_notify(%s, %s)"
 _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
 _CRONS = CronSQL("%s", metadata_equals=lambda key, value: (_json_equals("metadata"), [key, dump(value)]),
                  any_of=lambda column, values: (f"{column} = ANY(%s)", list(values)), insertion_order="seq")
@@ -1200,9 +1200,10 @@ class PostgresCoordinator(Coordinator):
         # The messages go packed, as JSON arrays: one notification, which every listening process (this one
         # too) receives and parses, for all the messages of a batch rather than one for each.
         if not any(len(text.encode()) > _NOTIFY_LIMIT for text in batch):
-            # Without a payload to store, one statement, sent with the writes of the tick (or of the next batch):
-            # no round trip of its own. Sent as the batch commits, in the order queued.
-            await self.storage._write(_NOTIFY, (self.channel, _packed(batch)))
+            # Without a payload to store, a statement a pack (one, nearly always: no array of texts to quote),
+            # sent with the writes of the tick (or of the next batch): no round trip of its own. Sent as the batch
+            # commits, in the order queued.
+            await asyncio.gather(*(self.storage._write(_NOTIFY, (self.channel, pack)) for pack in _packed(batch)))
             return
         async with self.storage.pool.connection() as conn, conn.transaction():
             payloads = []
@@ -1211,7 +1212,8 @@ class PostgresCoordinator(Coordinator):
                     cursor = await conn.execute("INSERT INTO notifications (payload) VALUES (%s) RETURNING id", (text,))
                     text = json.dumps({"ref": (await cursor.fetchone())[0]})  # type: ignore[index]
                 payloads.append(text)
-            await conn.execute(_NOTIFY, (self.channel, _packed(payloads)))
+            for pack in _packed(payloads):
+                await conn.execute(_NOTIFY, (self.channel, pack))
 
     async def _listen_forever(self, listening: asyncio.Future[None]) -> None:
         delay = _RETRY_FIRST
