@@ -20,7 +20,9 @@ a fresh server:
 * **the load generator's CPU** in the window, as a share of one core (it must not be the bottleneck).
 
 Targets for backchannel at N = 1,000: p99 ≤ 25 ms, ≤ 5 µs server CPU per token, ≤ 100 KiB per live stream,
-no failure. backchannel runs on a SQLite file (its default) with ``--max-concurrency`` N;
+no failure; and the 50,000 tokens/s due delivered (95 % of them at least): latency is timed from the model's
+yield, so a server too busy to run its models on time delays them without showing it there.
+backchannel runs on a SQLite file (its default) with ``--max-concurrency`` N;
 ``langgraph dev`` in memory with ``--n-jobs-per-worker`` N (it needs ``langgraph-cli[inmem]`` and
 ``langchain`` in ``.venv-peers``). ``floor`` (``_stream_floor.py``) is no server but the least one in Python can
 spend: the same bytes on the wire from a bare event loop, a timer and a write per token. Usage::
@@ -62,7 +64,7 @@ INTERVAL = 0.02
 RUN_SECONDS = TOKENS * INTERVAL
 LEVELS = (100, 1000, 2000)
 SERVERS = ("backchannel", "langgraph dev", "floor")
-TARGETS = {"p99_ms": 25.0, "cpu_us_per_token": 5.0, "kib_per_stream": 100.0}
+TARGETS = {"p99_ms": 25.0, "cpu_us_per_token": 5.0, "kib_per_stream": 100.0, "delivered": 0.95}
 
 BACKCHANNEL_AGENT = f'''
 import asyncio
@@ -236,9 +238,10 @@ def render(results: dict[str, Any], out: Any) -> None:
     if ours:
         met = [ours["p99_ms"] is not None and ours["p99_ms"] <= TARGETS["p99_ms"],
                ours["cpu_us_per_token"] is not None and ours["cpu_us_per_token"] <= TARGETS["cpu_us_per_token"],
-               ours["kib_per_stream"] <= TARGETS["kib_per_stream"], not ours["failed"]]
-        print(f"\nbackchannel at N = 1,000: targets met {sum(met)} of 4 (p99 ≤ 25 ms, ≤ 5 µs CPU per token, "
-              "≤ 100 KiB per stream, no failure)", file=out)
+               ours["kib_per_stream"] <= TARGETS["kib_per_stream"], not ours["failed"],
+               ours["tokens_per_second"] >= TARGETS["delivered"] * 1000 / INTERVAL]
+        print(f"\nbackchannel at N = 1,000: targets met {sum(met)} of {len(met)} (p99 ≤ 25 ms, ≤ 5 µs CPU per token, "
+              "≤ 100 KiB per stream, no failure, the tokens due delivered)", file=out)
 
 
 def main(argv: list[str] | None = None) -> int:
