@@ -479,3 +479,71 @@ async def test_a_pushed_stream_holds_no_more_memory_the_longer_it_runs(make_runt
     assert tokens == 12_000
     grown = held[11_000] - held[2_000]
     assert grown < 200_000, f"the stream held {grown:,} bytes more after 9,000 more tokens"
+
+
+async def test_a_thread_follower_gets_every_part_of_a_run_its_creator_streams_pushed(make_runtime):
+    """A run streamed by its creator (pushed: each token handed on in the publisher's call) while another reader
+    follows its thread: the thread's reader, which starts on the run later (its write of the run's metadata
+    took a while), still gets every token from the run's start, not only those published once it began to read."""
+    rt = await make_runtime({"agent": create_agent(_Tokens(200))}, store="memory")
+    tid = (await rt.threads.create())["thread_id"]
+    followed: list[str] = []
+
+    async def follow_thread() -> None:
+        async for part in rt.threads.join_stream(tid):
+            if part.event == "messages" and part.data[0]["content"]:
+                followed.append(part.data[0]["content"])
+            if part.event == "metadata" and part.data.get("status") == "run_done":
+                return
+            if part.event == "metadata":
+                await asyncio.sleep(0.05)  # as a server's write of it to a client that reads slowly
+
+    follower = asyncio.create_task(follow_thread())
+    await eventually(lambda: _true(rt.streams.watching(tid)))
+    pushed: list[str] = []
+
+    def sink(batch):
+        pushed.extend(p.data[0]["content"] for p in batch if p.event == "messages" and p.data[0]["content"])
+
+    await rt.runs.stream(tid, "agent", input=user("go"), stream_mode="messages-tuple").push(sink)
+    await asyncio.wait_for(follower, 10)
+    assert len(pushed) == 200
+    assert followed == pushed
+
+
+async def test_a_pushed_reader_held_back_gets_what_came_meanwhile_though_another_reader_drained_it(make_runtime):
+    """The creator's pushed sink cannot take more for a while; the run's tokens meanwhile are kept for it, though
+    another reader (following the thread, iterating) reads them all and, being the only one iterating, lets go of
+    what it read: the held-back sink still gets every token, in order."""
+    rt = await make_runtime({"agent": create_agent(_Tokens(200))}, store="memory")
+    tid = (await rt.threads.create())["thread_id"]
+    followed: list[str] = []
+
+    async def follow_thread() -> None:
+        async for part in rt.threads.join_stream(tid):
+            if part.event == "messages" and part.data[0]["content"]:
+                followed.append(part.data[0]["content"])
+            if part.event == "metadata" and part.data.get("status") == "run_done":
+                return
+
+    follower = asyncio.create_task(follow_thread())
+    await eventually(lambda: _true(rt.streams.watching(tid)))
+    loop = asyncio.get_running_loop()
+    pushed: list[str] = []
+
+    def sink(batch):
+        pushed.extend(p.data[0]["content"] for p in batch if p.event == "messages" and p.data[0]["content"])
+        if len(pushed) == 20 and len(followed) < 200:  # held back while the thread's reader reads on
+            ready = loop.create_future()
+            loop.call_later(0.1, ready.set_result, None)
+            return ready
+        return None
+
+    await rt.runs.stream(tid, "agent", input=user("go"), stream_mode="messages-tuple").push(sink)
+    await asyncio.wait_for(follower, 10)
+    assert len(followed) == 200
+    assert len(pushed) == 200
+
+
+async def _true(value: bool) -> bool:
+    return value

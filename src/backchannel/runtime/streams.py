@@ -33,7 +33,7 @@ class RunStream:
 
     __slots__ = ("run_id", "resumable", "bus", "events", "status", "error", "final_values", "exception", "final_row",
                  "interrupts", "result", "last_seq", "_waiters", "_readers", "_recording", "_awaited", "_loop",
-                 "_listeners", "_paused")
+                 "_listeners", "_paused", "_joining")
 
     def __init__(self, run_id: str, *, resumable: bool = False, values: bool = False, watched: bool = False) -> None:
         self.run_id = run_id
@@ -57,6 +57,7 @@ class RunStream:
         self._loop: asyncio.AbstractEventLoop | None = None  # its readers' (they wait on futures of it)
         self._listeners: list[_Listener] = []  # readers it hands each event to as it comes (push)
         self._paused = 0  # listeners that cannot take more for now: their events are kept meanwhile
+        self._joining = 0  # readers that followed and have not begun to read: their events are kept until they do
         if resumable or watched:  # a run somebody follows from its creation records from the start
             self.keep_events()
 
@@ -79,13 +80,17 @@ class RunStream:
     def add(self, event: Event) -> None:
         """Keep an event (numbered already), hand it to the listeners and wake the readers."""
         listeners = self._listeners
-        if not listeners or self._readers or self.resumable or self._awaited or self._paused:
+        if not listeners or self._readers or self._kept_for_others():
             self.events.append(event)  # else only the listeners want it, and they have it
         self.last_seq = event.seq
         for listener in listeners:
             listener.take([event])
         if self._waiters:
             self._wake()
+
+    def _kept_for_others(self) -> bool:
+        """Whether the kept events may be asked for by someone other than the live readers and listeners."""
+        return self.resumable or self._awaited or self._joining > 0 or self._paused > 0
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -134,6 +139,7 @@ class RunStream:
         self.keep_events()
         events = self.events
         self._awaited = False
+        self._joining += 1  # until it begins to read (a reader may yield something of its own first)
         if self.status is not None and not self.resumable:
             self.events = []  # as finish() does: this reader drains its own list
         return Batches(self._drain(events, after_seq), lambda sink: self._push(events, after_seq, sink))
@@ -141,6 +147,7 @@ class RunStream:
     async def _drain(self, events: list[Event], after_seq: int) -> AsyncGenerator[list[Event], None]:
         index = _first_after(events, after_seq)
         self._readers += 1
+        self._joining -= 1
         try:
             while True:
                 if index < len(events):
@@ -151,7 +158,7 @@ class RunStream:
                     continue
                 if self.status is not None:
                     return
-                if not self.resumable and self._readers == 1 and events is self.events:
+                if self._readers == 1 and not self._kept_for_others() and events is self.events:
                     # Nobody can ask for them again: a live stream's memory stays flat however long it runs.
                     events.clear()
                     index = 0
@@ -169,6 +176,7 @@ class RunStream:
             loop = self._loop = asyncio.get_running_loop()
         listener = _Listener(self, sink, after_seq)
         self._listeners.append(listener)
+        self._joining -= 1
         try:
             while True:
                 if listener.failure is not None:
@@ -177,7 +185,7 @@ class RunStream:
                     index = _first_after(events, listener.after)
                     if index < len(events):
                         listener.take(events[index:])  # kept ones: at the start, or kept while it could not take
-                    if not (self.resumable or self._readers or self._awaited or self._paused) and events is self.events:
+                    if not (self._readers or self._kept_for_others()) and events is self.events:
                         events.clear()  # nobody can ask for them again (as a lone reader's drain does)
                     if listener.ready is not None or listener.failure is not None:
                         continue
