@@ -545,5 +545,39 @@ async def test_a_pushed_reader_held_back_gets_what_came_meanwhile_though_another
     assert len(pushed) == 200
 
 
+async def test_a_thread_follower_still_busy_with_the_last_run_gets_every_part_of_the_next_one_pushed(make_runtime):
+    """The thread's reader is still busy with the previous run (writing its end to a slow client) when the next
+    run starts, streamed pushed by its creator: the reader still gets every token of it from its start."""
+    rt = await make_runtime({"agent": create_agent(_Tokens(200))}, store="memory")
+    tid = (await rt.threads.create())["thread_id"]
+    followed: list[list[str]] = []
+    first_done = asyncio.Event()
+
+    async def follow_thread() -> None:
+        async for part in rt.threads.join_stream(tid):
+            if part.event == "messages" and part.data[0]["content"]:
+                followed[-1].append(part.data[0]["content"])
+            elif part.event == "metadata" and "attempt" in part.data:
+                followed.append([])
+            elif part.event == "metadata" and part.data.get("status") == "run_done":
+                if len(followed) == 2:
+                    return
+                first_done.set()
+                await asyncio.sleep(0.2)  # as a server's write of it to a client that reads slowly
+
+    follower = asyncio.create_task(follow_thread())
+    await eventually(lambda: _true(rt.streams.watching(tid)))
+    pushed: list[list[str]] = []
+    for _ in range(2):
+        pushed.append([])
+        await rt.runs.stream(tid, "agent", input=user("go"), stream_mode="messages-tuple").push(
+            lambda batch: pushed[-1].extend(p.data[0]["content"] for p in batch
+                                            if p.event == "messages" and p.data[0]["content"]))
+        await asyncio.wait_for(first_done.wait(), 10)
+    await asyncio.wait_for(follower, 10)
+    assert [len(tokens) for tokens in pushed] == [200, 200]
+    assert followed == pushed
+
+
 async def _true(value: bool) -> bool:
     return value

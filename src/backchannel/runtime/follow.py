@@ -129,7 +129,8 @@ class ThreadRuns:
         self.thread_id = thread_id
         self.values = values
         self._arrived: asyncio.Queue[tuple[RunRow, RunStream]] = asyncio.Queue()
-        self._stop = follower.streams.watch_thread(thread_id, self._on_new_run)
+        self._expected: set[str] = set()  # runs it has heard of (each is followed once)
+        self._stop = follower.streams.watch_thread(thread_id, self._expect)
 
     def close(self) -> None:
         """Stop watching the thread."""
@@ -138,22 +139,20 @@ class ThreadRuns:
     def _wants_values(self, row: RunRow) -> bool:
         return self.values or wants_values(row.kwargs.get("stream_mode") or ())
 
-    def _on_new_run(self, row: RunRow, stream: RunStream) -> None:
-        stream.expect_follower(values=self._wants_values(row))
-        self._arrived.put_nowait((row, stream))
+    def _expect(self, row: RunRow, stream: RunStream) -> None:
+        """Have ``stream`` keep its events for this follower (once a run, however it heard of it)."""
+        if row.run_id not in self._expected:
+            self._expected.add(row.run_id)
+            stream.expect_follower(values=self._wants_values(row))
+            self._arrived.put_nowait((row, stream))
 
     async def __aiter__(self) -> AsyncIterator[tuple[RunRow, RunStream]]:
         try:
             for row in await self.follower.storage.active_runs(self.thread_id):  # under way and queued
                 stream = self.follower.streams.get(row.run_id) or self.follower.remote(row, self._wants_values(row))
                 if stream is not None:
-                    stream.expect_follower(values=self._wants_values(row))
-                    self._arrived.put_nowait((row, stream))
-            seen: set[str] = set()
+                    self._expect(row, stream)
             while True:
-                row, stream = await self._arrived.get()
-                if row.run_id not in seen:
-                    seen.add(row.run_id)
-                    yield row, stream
+                yield await self._arrived.get()
         finally:
             self.close()

@@ -53,7 +53,7 @@ class RunStream:
         self._waiters: list[asyncio.Future[None]] = []  # one per reader waiting for the next change
         self._readers = 0  # live readers of ``events``
         self._recording = False
-        self._awaited = watched  # its creator will follow it: keep its events until then
+        self._awaited = int(watched)  # followers to come (its creator, a thread's): keep its events until they do
         self._loop: asyncio.AbstractEventLoop | None = None  # its readers' (they wait on futures of it)
         self._listeners: list[_Listener] = []  # readers it hands each event to as it comes (push)
         self._paused = 0  # listeners that cannot take more for now: their events are kept meanwhile
@@ -64,7 +64,7 @@ class RunStream:
     def expect_follower(self, *, values: bool) -> None:
         """Somebody will follow this run (a thread's follower): keep its events from now until they do."""
         self.bus.wants_values = self.bus.wants_values or values
-        self._awaited = True
+        self._awaited += 1
         self.keep_events()
 
     def keep_events(self) -> None:
@@ -90,7 +90,7 @@ class RunStream:
 
     def _kept_for_others(self) -> bool:
         """Whether the kept events may be asked for by someone other than the live readers and listeners."""
-        return self.resumable or self._awaited or self._joining > 0 or self._paused > 0
+        return self.resumable or self._awaited > 0 or self._joining > 0 or self._paused > 0
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -138,7 +138,8 @@ class RunStream:
         self.bus.wants_values = self.bus.wants_values or values
         self.keep_events()
         events = self.events
-        self._awaited = False
+        if self._awaited:
+            self._awaited -= 1  # (one of) the followers it waited for
         self._joining += 1  # until it begins to read (a reader may yield something of its own first)
         if self.status is not None and not self.resumable:
             self.events = []  # as finish() does: this reader drains its own list
