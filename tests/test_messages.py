@@ -1,6 +1,9 @@
 """Messages: the types, their LangChain/LangGraph dict form, and what users may pass as input."""
 
+import copy
+import dataclasses
 import json
+import pickle
 
 import pytest
 
@@ -204,3 +207,75 @@ def test_langchain_message_objects_are_read():
     assert isinstance(msg, AIMessage)
     assert msg.id == "lc-1"
     assert msg.tool_calls[0]["id"] == "c1" and msg.tool_calls[0]["args"] == {"x": 1}
+
+
+# A message's empty additional_kwargs, response_metadata and invalid_tool_calls are what users read, compare,
+# change, copy and pickle, exactly as if each message had been given its own empty dict or list.
+_EMPTY_BY_DEFAULT = [
+    (lambda: HumanMessage("hi", id="m"), lambda: HumanMessage("hi", id="m", additional_kwargs={})),
+    (lambda: SystemMessage("be brief", id="m"), lambda: SystemMessage("be brief", id="m", additional_kwargs={})),
+    (lambda: ToolMessage("42", tool_call_id="c1", id="m"),
+     lambda: ToolMessage("42", tool_call_id="c1", id="m", additional_kwargs={})),
+    (lambda: AIMessage("ok", id="m"),
+     lambda: AIMessage("ok", id="m", additional_kwargs={}, response_metadata={}, invalid_tool_calls=[])),
+]
+_EMPTY_FIELDS = ("additional_kwargs", "response_metadata", "invalid_tool_calls")
+
+
+def _empty_fields(message):
+    return [name for name in _EMPTY_FIELDS if name in {f.name for f in dataclasses.fields(message)}]
+
+
+@pytest.mark.parametrize(("default", "explicit"), _EMPTY_BY_DEFAULT)
+def test_empty_containers_read_compare_and_print_as_given_ones(default, explicit):
+    message = default()
+    assert repr(default()) == repr(explicit())
+    assert default() == explicit() and explicit() == default() and default() == default()
+    for name in _empty_fields(message):
+        expected = [] if name == "invalid_tool_calls" else {}
+        assert getattr(default(), name) == expected and type(getattr(default(), name)) is type(expected)
+    assert message_to_dict(default()) == message_to_dict(explicit())
+    assert dataclasses.asdict(default()) == dataclasses.asdict(explicit())
+    assert dataclasses.replace(default(), content="changed") == dataclasses.replace(explicit(), content="changed")
+    assert message_from_dict(message_to_dict(default())) == explicit()
+
+
+@pytest.mark.parametrize(("default", "explicit"), _EMPTY_BY_DEFAULT)
+def test_a_changed_empty_container_stays_changed_and_belongs_to_its_message(default, explicit):
+    message, other = default(), default()
+    assert message.additional_kwargs is message.additional_kwargs
+    message.additional_kwargs["k"] = 1
+    assert message.additional_kwargs == {"k": 1} and other.additional_kwargs == {}
+    assert message != other and message_to_dict(message)["additional_kwargs"] == {"k": 1}
+    if isinstance(message, AIMessage):
+        bad = {"name": "f", "args": "{", "id": "c", "error": "bad", "type": "invalid_tool_call"}
+        message.invalid_tool_calls.append(bad)
+        message.response_metadata["finish_reason"] = "stop"
+        assert len(message.invalid_tool_calls) == 1 and other.invalid_tool_calls == []
+        assert message_to_dict(message)["response_metadata"] == {"finish_reason": "stop"}
+        assert other.response_metadata == {}
+    replaced = default()
+    replaced.additional_kwargs = {"set": True}
+    assert replaced.additional_kwargs == {"set": True}
+
+
+@pytest.mark.parametrize(("default", "explicit"), _EMPTY_BY_DEFAULT)
+def test_copies_and_pickles_of_a_message_with_empty_containers_are_equal_and_independent(default, explicit):
+    for copied in (copy.copy(default()), copy.deepcopy(default()), pickle.loads(pickle.dumps(default()))):
+        assert copied == explicit() and repr(copied) == repr(explicit())
+    message = default()
+    message.additional_kwargs["k"] = 1
+    for copied in (copy.deepcopy(message), pickle.loads(pickle.dumps(message))):
+        assert copied.additional_kwargs == {"k": 1}
+        copied.additional_kwargs["k"] = 2
+        assert message.additional_kwargs == {"k": 1}
+    fresh = default()
+    shallow = copy.copy(fresh)
+    shallow.additional_kwargs["k"] = 3
+    assert fresh.additional_kwargs == {"k": 3}  # a shallow copy shares its containers, the empty ones too
+
+
+def test_an_unknown_attribute_of_a_message_is_still_an_attribute_error():
+    with pytest.raises(AttributeError, match="no_such_field"):
+        AIMessage("ok").no_such_field  # noqa: B018
+    assert not hasattr(HumanMessage("hi"), "model_dump")
