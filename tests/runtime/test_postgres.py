@@ -177,6 +177,14 @@ async def test_deleting_a_thread_whose_run_a_writer_ends_meanwhile_is_not_a_dead
     storage = open_storage(postgres_url)
     await storage.open()
     writer = await psycopg.AsyncConnection.connect(postgres_url)
+    watcher = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+
+    async def waited_on(pid: int) -> bool:
+        found = await watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                      (pid,))
+        row = await found.fetchone()
+        return bool(row and row[0])
+
     try:
         now = now_iso()
         await storage.create_thread(ThreadRow("t", now, now))
@@ -185,13 +193,18 @@ async def test_deleting_a_thread_whose_run_a_writer_ends_meanwhile_is_not_a_dead
         async with writer.transaction():
             await writer.execute("UPDATE runs SET status = 'success' WHERE run_id = %s", (run_id,))
             deleting = asyncio.ensure_future(storage.delete_thread("t"))
-            await asyncio.sleep(0.3)  # it holds the thread's row and waits for the run's
-            assert not deleting.done()
+            # Until it holds the thread's row and waits for the run's. Postgres fails whichever of the two began
+            # waiting first (its deadlock check comes first): the delete, the case this test is about, only when
+            # it waits before the writer does.
+            while not await waited_on(writer.info.backend_pid):
+                assert not deleting.done()
+                await asyncio.sleep(0.01)
             await writer.execute("UPDATE threads SET status = 'idle' WHERE thread_id = 't'")  # the cycle
         assert await asyncio.wait_for(deleting, 30) is True
         assert await storage.get_thread("t") is None
         assert await storage.list_runs("t") == []
     finally:
+        await watcher.close()
         await writer.close()
         await storage.close()
 
