@@ -13,6 +13,7 @@ naming it. The clients check and render; the work is the runtime's parts'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -637,12 +638,8 @@ class RunsClient:
         on_disconnect = options.pop("on_disconnect", None)
         _check_on_disconnect(on_disconnect)
         run = await self._create(thread_id, assistant_id, options)
-        try:
+        async with self._cancelled_if_left(run, on_disconnect == "cancel"):
             result = await self.output(run["run_id"])
-        except asyncio.CancelledError:
-            if on_disconnect == "cancel":  # the caller went away: so does the run
-                await self._cancel_quietly(run)
-            raise
         error = result.get("__error__")
         if error is not None and raise_error:
             stream = self._streams.get(run["run_id"])
@@ -680,25 +677,17 @@ class RunsClient:
     async def _stream(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any], *,
                       cancel_on_disconnect: bool) -> AsyncGenerator[PartBatch, None]:
         run = await self._create(thread_id, assistant_id, options, watched=True)
-        try:
+        async with self._cancelled_if_left(run, cancel_on_disconnect):
             async for batch in self._follower.run(run, None, 0).batches():
                 yield batch
-        except (GeneratorExit, asyncio.CancelledError):
-            if cancel_on_disconnect:  # the reader went away: so does the run
-                await self._cancel_quietly(run)
-            raise
         await self._after_stream(run)
 
     async def _push_stream(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any],
                            sink: Sink[StreamPart], *, cancel_on_disconnect: bool) -> None:
         # As _stream, the parts pushed (Batches.push): the reader's task waits once for the whole run.
         run = await self._create(thread_id, assistant_id, options, watched=True)
-        try:
+        async with self._cancelled_if_left(run, cancel_on_disconnect):
             await self._follower.run(run, None, 0).push(sink)
-        except asyncio.CancelledError:
-            if cancel_on_disconnect:  # the reader went away: so does the run
-                await self._cancel_quietly(run)
-            raise
         await self._after_stream(run)
 
     async def _after_stream(self, run: Mapping[str, Any]) -> None:
@@ -720,25 +709,17 @@ class RunsClient:
         joined = await self._joined(thread_id, run_id, stream_mode, last_event_id)
         if joined is None:
             return
-        try:
+        async with self._cancelled_if_left({"run_id": run_id}, cancel_on_disconnect):
             async for batch in joined.batches():
                 yield batch
-        except (GeneratorExit, asyncio.CancelledError):
-            if cancel_on_disconnect:  # the reader went away: so does the run
-                await self._cancel_quietly({"run_id": run_id})
-            raise
 
     async def _push_join(self, thread_id: str, run_id: str, stream_mode: StreamModes | None,
                          last_event_id: str | None, cancel_on_disconnect: bool, sink: Sink[StreamPart]) -> None:
         joined = await self._joined(thread_id, run_id, stream_mode, last_event_id)
         if joined is None:
             return
-        try:
+        async with self._cancelled_if_left({"run_id": run_id}, cancel_on_disconnect):
             await joined.push(sink)
-        except asyncio.CancelledError:
-            if cancel_on_disconnect:  # the reader went away: so does the run
-                await self._cancel_quietly({"run_id": run_id})
-            raise
 
     async def _joined(self, thread_id: str, run_id: str, stream_mode: StreamModes | None,
                       last_event_id: str | None) -> Batches[StreamPart] | None:
@@ -756,6 +737,17 @@ class RunsClient:
                               and stream.finished):
             return None
         return self._follower.run(render_run(row), modes, after, with_metadata=False)
+
+    @contextlib.asynccontextmanager
+    async def _cancelled_if_left(self, run: Mapping[str, Any], cancel: bool) -> AsyncIterator[None]:
+        """With ``cancel``, the run is cancelled if its reader goes away inside (cancelled, or closing the
+        generator it reads)."""
+        try:
+            yield
+        except (GeneratorExit, asyncio.CancelledError):
+            if cancel:
+                await self._cancel_quietly(run)
+            raise
 
     async def _cancel_quietly(self, run: Mapping[str, Any]) -> None:
         row = await self._storage.get_run(run["run_id"])
