@@ -481,6 +481,18 @@ async def test_a_pushed_stream_holds_no_more_memory_the_longer_it_runs(make_runt
     assert grown < 200_000, f"the stream held {grown:,} bytes more after 9,000 more tokens"
 
 
+async def _follow_thread_tokens(rt, tid: str, into: list[str], *, metadata_pause: float = 0.0) -> None:
+    """Follow the thread's stream, putting each token of its run into ``into``, until that run is done; after each
+    metadata part, a ``metadata_pause``."""
+    async for part in rt.threads.join_stream(tid):
+        if part.event == "messages" and part.data[0]["content"]:
+            into.append(part.data[0]["content"])
+        if part.event == "metadata" and part.data.get("status") == "run_done":
+            return
+        if part.event == "metadata" and metadata_pause:
+            await asyncio.sleep(metadata_pause)
+
+
 async def test_a_thread_follower_gets_every_part_of_a_run_its_creator_streams_pushed(make_runtime):
     """A run streamed by its creator (pushed: each token handed on in the publisher's call) while another reader
     follows its thread: the thread's reader, which starts on the run later (its write of the run's metadata
@@ -488,17 +500,8 @@ async def test_a_thread_follower_gets_every_part_of_a_run_its_creator_streams_pu
     rt = await make_runtime({"agent": create_agent(_Tokens(200))}, store="memory")
     tid = (await rt.threads.create())["thread_id"]
     followed: list[str] = []
-
-    async def follow_thread() -> None:
-        async for part in rt.threads.join_stream(tid):
-            if part.event == "messages" and part.data[0]["content"]:
-                followed.append(part.data[0]["content"])
-            if part.event == "metadata" and part.data.get("status") == "run_done":
-                return
-            if part.event == "metadata":
-                await asyncio.sleep(0.05)  # as a server's write of it to a client that reads slowly
-
-    follower = asyncio.create_task(follow_thread())
+    # the metadata's write taking a while, as a server's to a client that reads slowly
+    follower = asyncio.create_task(_follow_thread_tokens(rt, tid, followed, metadata_pause=0.05))
     await eventually(lambda: _true(rt.streams.watching(tid)))
     pushed: list[str] = []
 
@@ -518,15 +521,7 @@ async def test_a_pushed_reader_held_back_gets_what_came_meanwhile_though_another
     rt = await make_runtime({"agent": create_agent(_Tokens(200))}, store="memory")
     tid = (await rt.threads.create())["thread_id"]
     followed: list[str] = []
-
-    async def follow_thread() -> None:
-        async for part in rt.threads.join_stream(tid):
-            if part.event == "messages" and part.data[0]["content"]:
-                followed.append(part.data[0]["content"])
-            if part.event == "metadata" and part.data.get("status") == "run_done":
-                return
-
-    follower = asyncio.create_task(follow_thread())
+    follower = asyncio.create_task(_follow_thread_tokens(rt, tid, followed))
     await eventually(lambda: _true(rt.streams.watching(tid)))
     loop = asyncio.get_running_loop()
     pushed: list[str] = []
