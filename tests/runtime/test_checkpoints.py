@@ -466,3 +466,69 @@ async def test_a_long_thread_is_read_from_its_nearest_base_as_it_would_be_folded
     assert len(folded) == 125 and messages[10] == "edited" and not any(c.startswith("m20 ") for c in messages)
     # forked at the 84th checkpoint (81 messages written, one removed), then two more
     assert messages[-2:] == ["a fork", "after the fork"] and len(messages) == 80 + 2
+
+
+def _plain(value):
+    """``value`` with every dict and list checked to be a plain one (as a JSON parse gives): its copy."""
+    if isinstance(value, dict):
+        assert type(value) is dict, type(value)
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        assert type(value) is list, type(value)
+        return [_plain(v) for v in value]
+    assert type(value) in (str, int, float, bool, type(None)), type(value)
+    return value
+
+
+async def test_a_long_thread_read_back_is_what_its_steps_wrote_in_plain_values_of_its_own(make_runtime, monkeypatch):
+    # A state read back from storage (after a restart, or once it left the cache) is the messages the agent
+    # held, field for field, in order, with their ids: plain dicts and lists, each read's own to change.
+    from backchannel import AIMessage, ToolMessage
+    from backchannel.messages import message_to_dict
+    from backchannel.runtime import checkpoints
+
+    monkeypatch.setattr(checkpoints, "_BASE_EVERY", 8)
+    rt = await make_runtime({"agent": echo_agent()})
+    tid = (await rt.threads.create())["thread_id"]
+    state = await rt.checkpoints.latest(tid, {})
+
+    async def write(update):
+        await rt.checkpoints.write(tid, state, update, next_stage="", source="update", run_id=None, step=0,
+                                   reducers={})
+
+    for i in range(60):
+        call = {"name": "step", "args": {"i": i, "deep": {"list": [i, "é"]}}, "id": f"call_{i}", "type": "tool_call"}
+        await write({"messages": [HumanMessage(f"go {i} \U0001f600")]})
+        await write({"messages": [AIMessage("", tool_calls=[call], response_metadata={"model": "m"},
+                                            usage_metadata={"input_tokens": i, "output_tokens": 1,
+                                                            "total_tokens": i + 1})]})
+        await write({"messages": [ToolMessage(f"step {i} done", tool_call_id=f"call_{i}", artifact={"n": i}),
+                                  AIMessage(f"{i} done", additional_kwargs={"k": [1, {"v": i}]})]})
+        if i == 40:
+            await write({"plan": {"after": i}})
+    written = [message_to_dict(m) for m in state.values["messages"]]
+    expected = orjson.loads(orjson.dumps(written))  # as JSON gives them: tuples as lists
+    head = state.head.checkpoint_id
+    rt.checkpoints.forget(tid)
+
+    read = await rt.threads.get_state(tid)
+    assert _plain(read["values"]) == {"messages": expected, "plan": {"after": 40}}
+    assert [m["id"] for m in read["values"]["messages"]] == [m.id for m in state.values["messages"]]
+    at = await rt.threads.get_state(tid, checkpoint_id=head)
+    assert _plain(at["values"]) == read["values"]
+    history = await rt.threads.get_history(tid, limit=12)
+    assert history[0]["values"] == read["values"]
+    counts = [len(h["values"]["messages"]) for h in history]
+    assert counts == [240, 238, 237, 236, 234, 233, 232, 230, 229, 228, 226, 225]
+    for entry, count in zip(history, counts, strict=True):
+        assert _plain(entry["values"]["messages"]) == expected[:count]
+
+    # each read's own values: changing one changes neither storage nor the next read
+    message = read["values"]["messages"][1]
+    message["tool_calls"][0]["args"]["deep"]["list"].append("changed")
+    message["additional_kwargs"]["x"] = 1
+    read["values"]["messages"].append({"type": "human"})
+    history[0]["values"]["messages"][4]["content"] = "changed"
+    rt.checkpoints.forget(tid)
+    assert (await rt.threads.get_state(tid))["values"]["messages"] == expected
+    assert (await rt.threads.get_history(tid, limit=1))[0]["values"]["messages"] == expected

@@ -52,7 +52,7 @@ from backchannel.messages import (
 from backchannel.runtime._readonly import read_only
 from backchannel.runtime.rows import CheckpointBase, CheckpointRow, Delta, RunClaim, delta_text
 from backchannel.runtime.storage import CheckpointStorage
-from backchannel.serde import dumps, loads, to_jsonable
+from backchannel.serde import dumps, loads, loads_many, to_jsonable
 from backchannel.state import MessageList, Reducer, apply_update, snapshot
 
 __all__ = ["Checkpointer", "Recorder", "ThreadState"]
@@ -452,7 +452,7 @@ def _appends(update: Mapping[str, Any], before: int | None, values: Mapping[str,
 
 def _base_json(bases: list[CheckpointBase]) -> dict[str, Any]:
     """The values a chain of bases holds, as JSON (messages as their dicts)."""
-    return {"messages": loads(_joined_messages(bases)), **loads(bases[-1].rest)}  # in the order a fold makes
+    return {"messages": loads_many(_joined_messages(bases)), **loads(bases[-1].rest)}  # in the order a fold makes
 
 
 def _joined_messages(bases: list[CheckpointBase]) -> str:
@@ -511,24 +511,27 @@ async def _fold(bases: list[CheckpointBase], chain: list[CheckpointRow], reducer
                 wanted: set[str], text: bool) -> list[dict[str, Any]]:
     """The states at the ``wanted`` checkpoints of a chain (in its order), as JSON values; with ``text``, their
     messages as stored JSON text when the chain starts at a base."""
-    if text and bases:
-        states = _fold_text(bases, chain, reducers, wanted)
+    if bases:
+        states = _fold_appends(bases, chain, reducers, wanted, text)
         if states is not None:
             return states
     return await _fold_json(bases, chain, reducers, wanted)
 
 
-def _fold_text(bases: list[CheckpointBase], chain: list[CheckpointRow], reducers: Mapping[str, Reducer],
-               wanted: set[str]) -> list[dict[str, Any]] | None:
-    """The states at the ``wanted`` checkpoints of a chain that starts at the last of ``bases``, their messages
-    the bases' texts and the deltas' messages unparsed, as a list of ``orjson.Fragment`` (each several messages'
-    texts joined by commas: encoded, the list is the messages' array); ``None`` when a delta holds messages in
-    another form than a message's own dict."""
+def _fold_appends(bases: list[CheckpointBase], chain: list[CheckpointRow], reducers: Mapping[str, Reducer],
+                  wanted: set[str], text: bool) -> list[dict[str, Any]] | None:
+    """The states at the ``wanted`` checkpoints of a chain that starts at the last of ``bases``, when every step
+    since only appended messages in their stored form (as the steps after a base do): the bases' messages then the
+    steps', joined, not folded one by one (the bases' parsed at once); ``None`` otherwise. With ``text``, the
+    messages unparsed: a list of ``orjson.Fragment`` (each several messages' texts joined by commas: encoded, the
+    list is the messages' array)."""
     values: dict[str, Any] = loads(bases[-1].rest)
-    appended: list[str] = []
-    states = []
+    steps: list[list[dict[str, Any]]] = []  # each step's messages
+    marks: list[tuple[int, dict[str, Any]]] = []  # at each wanted checkpoint: the steps so far, the other values
     for i, row in enumerate(chain):
         if i:
+            if row.whole:
+                return None
             for key, value in loads(delta_text(row.delta)).items():
                 if key != "messages":
                     values[key] = (reducers[key](values[key], value) if key in reducers and key in values
@@ -536,10 +539,20 @@ def _fold_text(bases: list[CheckpointBase], chain: list[CheckpointRow], reducers
                 elif not isinstance(value, list) or not all(_is_stored(m) and m["type"] != "remove" for m in value):
                     return None
                 elif value:
-                    appended.append(dumps(value)[1:-1])
+                    steps.append(value)
         if row.checkpoint_id in wanted:
-            texts = [*(b.messages for b in bases), *appended]
-            states.append({"messages": [orjson.Fragment(t) for t in texts if t], **values})
+            marks.append((len(steps), {**values}))
+    if text:
+        based = [b.messages for b in bases if b.messages]
+        texts = [*based, *(dumps(s)[1:-1] for s in steps)]
+        return [{"messages": [orjson.Fragment(t) for t in texts[:len(based) + n]], **rest} for n, rest in marks]
+    messages: list[dict[str, Any]] = loads_many(_joined_messages(bases))
+    states, done = [], 0
+    for k, (n, rest) in enumerate(marks):
+        for step in steps[done:n]:
+            messages.extend(step)
+        done = n
+        states.append({"messages": messages if k == len(marks) - 1 else list(messages), **rest})
     return states
 
 
