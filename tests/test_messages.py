@@ -143,6 +143,54 @@ def test_remove_dict_is_a_remove_message():
     assert isinstance(msg, RemoveMessage) and msg.id == "m1"
 
 
+_USAGE = {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}
+_INVALID = {"name": "f", "args": "{bad", "id": "c2", "error": "bad json", "type": "invalid_tool_call"}
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"type": "human", "content": "hi", "id": "h1", "name": "ann", "additional_kwargs": {"k": [1]},
+          "response_metadata": {}}, HumanMessage("hi", id="h1", name="ann", additional_kwargs={"k": [1]})),
+        ({"role": "user", "content": "", "id": 7}, HumanMessage("", id="7")),
+        ({"type": "system", "content": [{"type": "text", "text": "x"}], "id": "s1", "additional_kwargs": None},
+         SystemMessage([{"type": "text", "text": "x"}], id="s1")),
+        ({"type": "ai", "content": [], "id": "a1", "name": None, "additional_kwargs": {}, "response_metadata": {"m": 1},
+          "tool_calls": [{"name": "f", "args": None, "id": "c1", "type": "tool_call", "extra": 1}],
+          "invalid_tool_calls": [_INVALID], "usage_metadata": _USAGE},
+         AIMessage("", [tool_call("f", {}, "c1")], [_INVALID], _USAGE, {"m": 1}, id="a1")),
+        ({"role": "assistant", "content": None, "id": "a2", "tool_calls": [
+            {"id": "c3", "type": "function", "function": {"name": "g", "arguments": '{"x": 1}'}}]},
+         AIMessage("", [tool_call("g", {"x": 1}, "c3")], id="a2")),
+        ({"type": "tool", "content": "", "tool_call_id": "c1", "status": None, "artifact": [1], "id": "t1",
+          "name": "f"}, ToolMessage("", "c1", name="f", artifact=[1], id="t1")),
+        ({"role": "tool", "content": "3", "tool_call_id": "c1", "status": "error", "id": "t2"},
+         ToolMessage("3", "c1", status="error", id="t2")),
+        ({"type": "remove", "id": "m1"}, RemoveMessage("m1")),
+    ],
+    ids=["human", "user-int-id", "system-blocks", "ai-stored", "ai-openai", "tool-stored", "tool-openai", "remove"],
+)
+def test_a_dict_reads_as_exactly_its_message_with_containers_of_its_own(data, expected):
+    read = message_from_dict(data)
+    assert type(read) is type(expected) and read == expected and repr(read) == repr(expected)
+    if isinstance(read, RemoveMessage):
+        return
+    assert read.additional_kwargs is not data.get("additional_kwargs")
+    read.additional_kwargs["changed"] = True
+    assert "changed" not in (data.get("additional_kwargs") or {})
+    if isinstance(read, AIMessage):
+        assert read.response_metadata is not data.get("response_metadata")
+        assert read.invalid_tool_calls is not data.get("invalid_tool_calls")
+        assert all(a is not b for a, b in zip(read.tool_calls, data["tool_calls"]))
+
+
+def test_a_dict_without_an_id_or_with_a_call_without_one_reads_with_fresh_ones():
+    first, second = (message_from_dict({"type": "ai", "content": "x", "id": "",
+                                        "tool_calls": [{"name": "f", "args": {}, "id": None}]}) for _ in range(2))
+    assert first.id and second.id and first.id != second.id
+    assert first.tool_calls[0]["id"].startswith("call_") and first.tool_calls[0]["id"] != second.tool_calls[0]["id"]
+
+
 def test_given_id_is_kept_and_missing_id_is_generated():
     assert message_from_dict({"type": "human", "content": "x", "id": "keep-me"}).id == "keep-me"
     assert message_from_dict({"role": "user", "content": "x"}).id

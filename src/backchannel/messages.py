@@ -210,31 +210,26 @@ def message_from_dict(data: dict[str, Any]) -> AnyMessage | RemoveMessage:
     if "content" not in data and kind != "ai":
         raise ValueError(f"cannot read a {kind} message from {data!r}: 'content' is missing")
     content = data.get("content") or ("" if kind == "ai" else data["content"])
-    common: dict[str, Any] = {"content": content, "additional_kwargs": dict(data.get("additional_kwargs") or {})}
-    if data.get("id"):
-        common["id"] = str(data["id"])
+    # Each field passed as it is read (no dict of common fields unpacked): a long thread's first run after a
+    # restart reads every one of its messages.
+    message_id = str(data["id"]) if data.get("id") else new_id()
+    given = data.get("additional_kwargs")
+    extra = dict(given) if given else {}  # copied: the message owns its containers
     if kind == "human":
-        return HumanMessage(name=data.get("name"), **common)
+        return HumanMessage(content=content, id=message_id, name=data.get("name"), additional_kwargs=extra)
     if kind == "system":
-        return SystemMessage(name=data.get("name"), **common)
+        return SystemMessage(content=content, id=message_id, name=data.get("name"), additional_kwargs=extra)
     if kind == "tool":
         if not data.get("tool_call_id"):
             raise ValueError(f"cannot read a tool message from {data!r}: 'tool_call_id' is missing")
-        return ToolMessage(
-            tool_call_id=data["tool_call_id"],
-            name=data.get("name"),
-            status=data.get("status") or "success",
-            artifact=data.get("artifact"),
-            **common,
-        )
-    return AIMessage(
-        tool_calls=[_read_tool_call(c) for c in data.get("tool_calls") or []],
-        invalid_tool_calls=list(data.get("invalid_tool_calls") or []),
-        usage_metadata=data.get("usage_metadata"),
-        response_metadata=dict(data.get("response_metadata") or {}),
-        name=data.get("name"),
-        **common,
-    )
+        return ToolMessage(content=content, tool_call_id=data["tool_call_id"], name=data.get("name"),
+                           status=data.get("status") or "success", artifact=data.get("artifact"), id=message_id,
+                           additional_kwargs=extra)
+    calls, invalid, metadata = data.get("tool_calls"), data.get("invalid_tool_calls"), data.get("response_metadata")
+    return AIMessage(content=content, tool_calls=[_read_tool_call(c) for c in calls] if calls else [],
+                     invalid_tool_calls=list(invalid) if invalid else [], usage_metadata=data.get("usage_metadata"),
+                     response_metadata=dict(metadata) if metadata else {}, id=message_id, name=data.get("name"),
+                     additional_kwargs=extra)
 
 
 def _read_tool_call(call: dict[str, Any]) -> ToolCall:
