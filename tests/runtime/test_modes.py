@@ -3,12 +3,13 @@
 import asyncio
 import tracemalloc
 
+import orjson
 import pytest
 from runtime_helpers import contents, echo_agent, eventually, run_status_is, tool_loop, user
 
 from backchannel import ScriptedModel, ToolMessage, ToolRuntime, create_agent, tool
 from backchannel.hitl import HumanInTheLoop
-from backchannel.models.base import ChatModel, FinishDelta, TextDelta
+from backchannel.models.base import ChatModel, FinishDelta, TextDelta, ToolCallDelta
 
 
 @tool
@@ -439,6 +440,56 @@ async def test_pushed_parts_come_as_published_and_a_sink_that_cannot_take_more_g
     caught_up = batches[batches.index(["1.2 "]) + 1]
     assert caught_up[:7] == ["1.3 ", "1.4 ", "2.0 ", "2.1 ", "2.2 ", "2.3 ", "2.4 "]  # kept while it waited
     assert all(len(batch) == 1 for batch in batches[:batches.index(["1.2 "])])  # before: each token as it came
+
+
+_AWKWARD = ['he said "hi"\n', "back\\slash\t", "é ü 😀 \u2028", "\x00\x1f", ""]
+
+
+class _Awkward(ChatModel):
+    """Streams text JSON must escape (quotes, backslashes, line ends, control and non-ASCII characters), an empty
+    token, and a tool call in pieces; then, told the tool does not exist, a last word."""
+
+    async def stream(self, request):
+        await asyncio.sleep(0.05)
+        if isinstance(request.messages[-1], ToolMessage):
+            yield TextDelta("done")
+        else:
+            for text in _AWKWARD:
+                yield TextDelta(text)
+            yield ToolCallDelta(0, "call_1", "lookup", '{"query": ')
+            yield ToolCallDelta(0, args='"é"}')
+        yield FinishDelta(None, "stop", {}, None)
+
+
+async def test_parts_pushed_for_the_wire_render_to_the_same_json_as_the_parts_themselves(make_runtime):
+    """``push(sink, wire=True)`` (the server's): a model's text tokens come as their JSON already, spliced into what
+    the rest of the part renders to once per message; the bytes are those of the part's data rendered, token by
+    token (another reader of the same run takes the parts themselves), whatever the text holds."""
+    rt = await make_runtime({"agent": create_agent(_Awkward(), name="writer")}, store="memory")
+    thread = await rt.threads.create()
+    wired: list = []
+    plain: list = []
+    joined: list[asyncio.Task[None]] = []
+
+    def take(batch):
+        if not wired:  # metadata: the run exists, another reader joins it
+            joined.append(asyncio.ensure_future(
+                rt.runs.join_stream(thread["thread_id"], batch[0].data["run_id"]).push(plain.extend)))
+        wired.extend(batch)
+
+    await rt.runs.stream(thread["thread_id"], "agent", input=user("go"), stream_mode="messages-tuple",
+                         stream_resumable=True, metadata={"tenant": "ünï", "n": 1}).push(take, wire=True)
+    await joined[0]
+    wired = wired[1:]  # the joiner has no metadata part
+    assert [(p.event, p.id) for p in wired] == [(p.event, p.id) for p in plain]
+    for wire, part in zip(wired, plain, strict=True):
+        assert not isinstance(part.data, orjson.Fragment)
+        assert orjson.dumps(wire.data, option=orjson.OPT_NON_STR_KEYS) == orjson.dumps(part.data)
+    rendered = [orjson.loads(orjson.dumps(p.data)) for p in wired if isinstance(p.data, orjson.Fragment)]
+    assert [chunk["content"] for chunk, _meta in rendered] == [*_AWKWARD, "done"]
+    assert {meta["tenant"] for _chunk, meta in rendered} == {"ünï"}
+    calls = [chunk for chunk, _meta in (p.data for p in plain) if chunk.get("tool_call_chunks")]
+    assert "".join(c["tool_call_chunks"][0]["args"] for c in calls) == '{"query": "é"}'
 
 
 async def test_a_sink_that_fails_ends_its_push_and_not_the_run(make_runtime):

@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,23 +211,27 @@ def read_response(sock: socket.socket, timeout: float) -> tuple[bytes, bytes]:
     return head, b"".join(chunks)
 
 
-def read_chunks(sock: socket.socket, timeout: float) -> tuple[bytes, list[bytes]]:
-    """The head and the chunks of a chunked response (each one write of the server's), read to its last."""
+def read_chunks(sock: socket.socket, timeout: float,
+                until: Callable[[bytes], bool] = lambda received: received.endswith(b"\r\n0\r\n\r\n"),
+                ) -> tuple[bytes, list[bytes]]:
+    """The head and the chunks of a chunked response (each one write of the server's), read to its last (or until
+    what was received so far is ``until``)."""
     sock.settimeout(timeout)
     received = bytearray()
-    while not received.endswith(b"\r\n0\r\n\r\n"):
+    while not until(bytes(received)):
         chunk = sock.recv(1 << 20)
         assert chunk, "the server closed the connection before the response's end"
         received += chunk
     head, _, rest = bytes(received).partition(b"\r\n\r\n")
     chunks = []
-    while True:
+    while rest:
         size_line, _, rest = rest.partition(b"\r\n")
         size = int(size_line, 16)
         if size == 0:
-            return head, chunks
+            break
         chunks.append(rest[:size])
         rest = rest[size + 2:]
+    return head, chunks
 
 
 def run_status(url: str, thread_id: str) -> str:
@@ -307,11 +311,38 @@ def test_a_burst_of_tokens_goes_out_in_two_writes(tmp_path):
             _head, chunks = read_chunks(sock, timeout=30)
         finally:
             sock.close()
+    assert _tokens_by_write(chunks) == [chunk for burst in range(5)
+                                        for chunk in ([f"{burst}.0 "], [f"{burst}.{token} " for token in range(1, 5)])]
+
+
+def test_a_thread_follower_gets_a_burst_of_tokens_in_two_writes(tmp_path):
+    """A thread's follower (``GET /threads/{id}/stream``) is pushed each run's parts as the run's creator is: the
+    first token of a burst written at once, the rest together at the end of the event loop's turn, not one write
+    a part."""
+    runtime = LocalRuntime(f"sqlite:///{tmp_path / 'db'}", {"bursts": create_agent(Bursts(), name="bursts")})
+    with ThreadServer(create_app(runtime)) as server:
+        tid = httpx.post(f"{server.url}/threads", json={}).json()["thread_id"]
+        host, port = server.url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"GET /threads/%b/stream HTTP/1.1\r\nhost: %b\r\n\r\n" % (tid.encode(), host.encode()))
+        try:
+            until(lambda: runtime.streams.watching(tid), 10, "the thread's follower did not start")
+            httpx.post(f"{server.url}/threads/{tid}/runs", timeout=30,
+                       json={"assistant_id": "bursts", "input": user("go"), "stream_mode": ["messages-tuple"]})
+            _head, chunks = read_chunks(sock, timeout=30, until=lambda received: b'"run_done"' in received
+                                        and received.endswith(b"\r\n\r\n\r\n"))
+        finally:
+            sock.close()
+    assert _tokens_by_write(chunks) == [chunk for burst in range(5)
+                                        for chunk in ([f"{burst}.0 "], [f"{burst}.{token} " for token in range(1, 5)])]
+
+
+def _tokens_by_write(chunks: list[bytes]) -> list[list[str]]:
+    """The tokens of the messages-tuple events in each chunk (one write of the server's) that has any."""
     with_tokens = []
     for chunk in chunks:
         tokens = [json.loads(frame.partition("data: ")[2])[0]["content"] for frame in chunk.decode().split("\r\n\r\n")
                   if frame.startswith("event: messages\r\n")]
         if any(tokens):
             with_tokens.append([t for t in tokens if t])
-    assert with_tokens == [chunk for burst in range(5)
-                           for chunk in ([f"{burst}.0 "], [f"{burst}.{token} " for token in range(1, 5)])]
+    return with_tokens

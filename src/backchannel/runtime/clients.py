@@ -429,7 +429,7 @@ class ThreadsClient:
 
     def join_stream(self, thread_id: str, *, last_event_id: str | None = None,
                     stream_mode: ThreadStreamMode | Sequence[ThreadStreamMode] = "run_modes",
-                    headers: Headers = None, params: Params = None) -> AsyncIterator[StreamPart]:
+                    headers: Headers = None, params: Params = None) -> Batches[StreamPart]:
         """Follow every run of the thread from now on (``run_modes``: each run's parts in its own modes;
         ``lifecycle``: only when each starts and ends), until the caller stops."""
         modes = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
@@ -438,12 +438,19 @@ class ThreadsClient:
             raise InvalidRequestError(f"unknown thread stream_mode {unknown[0]!r:.80}; use one of "
                                       f"{list(THREAD_STREAM_MODES)}")
         _refuse(last_event_id=last_event_id)
-        return self._join_stream(thread_id, modes)
+        return Batches(self._join_stream(thread_id, modes),
+                       lambda sink, wire: self._push_join_stream(thread_id, modes, sink, wire))
 
-    async def _join_stream(self, thread_id: str, modes: Sequence[ThreadStreamMode]) -> AsyncIterator[StreamPart]:
+    async def _join_stream(self, thread_id: str,
+                           modes: Sequence[ThreadStreamMode]) -> AsyncGenerator[PartBatch, None]:
         await self.row(thread_id)  # 404 for an unknown thread
-        async for part in self._follower.thread(thread_id, modes):
-            yield part
+        async for batch in self._follower.thread(thread_id, modes).batches():
+            yield batch
+
+    async def _push_join_stream(self, thread_id: str, modes: Sequence[ThreadStreamMode], sink: Sink[StreamPart],
+                                wire: bool) -> None:
+        await self.row(thread_id)
+        await self._follower.thread(thread_id, modes).push(sink, wire=wire)
 
     async def get_history(self, thread_id: str, *, limit: int = 10, before: str | Checkpoint = None,
                           metadata: Mapping[str, Any] | None = None, checkpoint: Checkpoint = None,
@@ -671,8 +678,8 @@ class RunsClient:
         _check_on_disconnect(on_disconnect)
         cancel = on_disconnect == "cancel"
         return Batches(self._stream(thread_id, assistant_id, options, cancel_on_disconnect=cancel),
-                       lambda sink: self._push_stream(thread_id, assistant_id, options, sink,
-                                                      cancel_on_disconnect=cancel))
+                       lambda sink, wire: self._push_stream(thread_id, assistant_id, options, sink, wire,
+                                                            cancel_on_disconnect=cancel))
 
     async def _stream(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any], *,
                       cancel_on_disconnect: bool) -> AsyncGenerator[PartBatch, None]:
@@ -683,11 +690,11 @@ class RunsClient:
         await self._after_stream(run)
 
     async def _push_stream(self, thread_id: str | None, assistant_id: str, options: Mapping[str, Any],
-                           sink: Sink[StreamPart], *, cancel_on_disconnect: bool) -> None:
+                           sink: Sink[StreamPart], wire: bool, *, cancel_on_disconnect: bool) -> None:
         # As _stream, the parts pushed (Batches.push): the reader's task waits once for the whole run.
         run = await self._create(thread_id, assistant_id, options, watched=True)
         async with self._cancelled_if_left(run, cancel_on_disconnect):
-            await self._follower.run(run, None, 0).push(sink)
+            await self._follower.run(run, None, 0).push(sink, wire=wire)
         await self._after_stream(run)
 
     async def _after_stream(self, run: Mapping[str, Any]) -> None:
@@ -700,8 +707,8 @@ class RunsClient:
                     last_event_id: str | None = None) -> Batches[StreamPart]:
         """Follow a run's stream: from the start (or after ``last_event_id``) if still kept, else from now on."""
         return Batches(self._join_stream(thread_id, run_id, stream_mode, last_event_id, cancel_on_disconnect),
-                       lambda sink: self._push_join(thread_id, run_id, stream_mode, last_event_id,
-                                                    cancel_on_disconnect, sink))
+                       lambda sink, wire: self._push_join(thread_id, run_id, stream_mode, last_event_id,
+                                                          cancel_on_disconnect, sink, wire))
 
     async def _join_stream(self, thread_id: str, run_id: str, stream_mode: StreamModes | None,
                            last_event_id: str | None,
@@ -714,12 +721,13 @@ class RunsClient:
                 yield batch
 
     async def _push_join(self, thread_id: str, run_id: str, stream_mode: StreamModes | None,
-                         last_event_id: str | None, cancel_on_disconnect: bool, sink: Sink[StreamPart]) -> None:
+                         last_event_id: str | None, cancel_on_disconnect: bool, sink: Sink[StreamPart],
+                         wire: bool) -> None:
         joined = await self._joined(thread_id, run_id, stream_mode, last_event_id)
         if joined is None:
             return
         async with self._cancelled_if_left({"run_id": run_id}, cancel_on_disconnect):
-            await joined.push(sink)
+            await joined.push(sink, wire=wire)
 
     async def _joined(self, thread_id: str, run_id: str, stream_mode: StreamModes | None,
                       last_event_id: str | None) -> Batches[StreamPart] | None:

@@ -49,7 +49,7 @@ class Follower:
         """The parts of a run's stream (``run`` as :func:`render_run` gives it), after event ``after``;
         in :meth:`~Batches.batches`, ``metadata`` alone first, then the parts of each batch of events."""
         return Batches(self._parts(run, modes, after, with_metadata),
-                       lambda sink: self._push(run, modes, after, with_metadata, sink))
+                       lambda sink, wire: self._push(run, modes, after, with_metadata, sink, wire))
 
     async def _parts(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int,
                      with_metadata: bool) -> AsyncGenerator[list[StreamPart], None]:
@@ -67,12 +67,12 @@ class Follower:
             yield [StreamPart("error", render_error(stream.error))]
 
     async def _push(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, with_metadata: bool,
-                    sink: Sink[StreamPart]) -> None:
+                    sink: Sink[StreamPart], wire: bool) -> None:
         # As _parts, but each batch mapped and handed on in the publisher's call (RunStream.follow(...).push).
         stream = self.streams.get(run["run_id"])
         if stream is None:
             return
-        events, mapped = self._open(stream, run, modes, after)
+        events, mapped = self._open(stream, run, modes, after, wire=wire)
         if with_metadata:
             sink([_metadata(run)])
 
@@ -85,14 +85,14 @@ class Follower:
             sink([StreamPart("error", render_error(stream.error))])
 
     @staticmethod
-    def _open(stream: RunStream, run: Mapping[str, Any], modes: Sequence[str] | None,
-              after: int) -> tuple[Batches[Event], Callable[[list[Event]], list[StreamPart]]]:
+    def _open(stream: RunStream, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, *,
+              wire: bool = False) -> tuple[Batches[Event], Callable[[list[Event]], list[StreamPart]]]:
         """Follow ``stream`` after ``after``; with the function mapping each batch of its events to parts."""
         kwargs = run["kwargs"]
         modes = modes or kwargs.get("stream_mode") or ["values"]
         events = stream.follow(after, values=wants_values(modes))
         mapper = StreamMapper(modes, subgraphs=bool(kwargs.get("stream_subgraphs")),
-                              metadata={k: v for k, v in run["metadata"].items() if k != "assistant_id"})
+                              metadata={k: v for k, v in run["metadata"].items() if k != "assistant_id"}, wire=wire)
         parts = mapper.parts
 
         def mapped(batch: list[Event]) -> list[StreamPart]:
@@ -100,13 +100,39 @@ class Follower:
 
         return events, mapped
 
-    async def thread(self, thread_id: str, modes: Sequence[ThreadStreamMode]) -> AsyncIterator[StreamPart]:
-        """Every run of the thread from now on, one after the other, until the caller stops."""
-        async for row, _stream in self.thread_runs(thread_id):
-            async for part in self.run(render_run(row), None, 0):
-                if "run_modes" in modes or part.event == "metadata":
-                    yield part
-            yield StreamPart("metadata", {"status": "run_done", "run_id": row.run_id})
+    def thread(self, thread_id: str, modes: Sequence[ThreadStreamMode]) -> Batches[StreamPart]:
+        """Every run of the thread from now on, one after the other, until the caller stops (pushed as a run's
+        stream is: each batch of a run's parts in the publisher's call)."""
+        return Batches(self._thread_parts(thread_id, modes),
+                       lambda sink, wire: self._push_thread(thread_id, modes, sink, wire))
+
+    async def _thread_parts(self, thread_id: str,
+                            modes: Sequence[ThreadStreamMode]) -> AsyncGenerator[list[StreamPart], None]:
+        runs = self.thread_runs(thread_id)
+        try:
+            async for row, _stream in runs:
+                async for batch in self.run(render_run(row), None, 0).batches():
+                    shown = _shown(batch, modes)
+                    if shown:
+                        yield shown
+                yield [_run_done(row)]
+        finally:
+            runs.close()
+
+    async def _push_thread(self, thread_id: str, modes: Sequence[ThreadStreamMode], sink: Sink[StreamPart],
+                           wire: bool) -> None:
+        # As _thread_parts, each run's parts pushed (Follower.run(...).push).
+        def take(batch: list[StreamPart]) -> asyncio.Future[Any] | None:
+            shown = _shown(batch, modes)
+            return sink(shown) if shown else None
+
+        runs = self.thread_runs(thread_id)
+        try:
+            async for row, _stream in runs:
+                await self.run(render_run(row), None, 0).push(take, wire=wire)
+                sink([_run_done(row)])
+        finally:
+            runs.close()
 
     def thread_runs(self, thread_id: str, *, values: bool = False) -> ThreadRuns:
         """The thread's runs under way or queued now, then each new one (see :class:`ThreadRuns`)."""
@@ -115,6 +141,15 @@ class Follower:
 
 def _metadata(run: Mapping[str, Any]) -> StreamPart:
     return StreamPart("metadata", {"run_id": run["run_id"], "attempt": 1})
+
+
+def _run_done(row: RunRow) -> StreamPart:
+    return StreamPart("metadata", {"status": "run_done", "run_id": row.run_id})
+
+
+def _shown(batch: list[StreamPart], modes: Sequence[ThreadStreamMode]) -> list[StreamPart]:
+    """What a thread's follower sees of a batch of a run's parts: all (``run_modes``), or its ``metadata``."""
+    return batch if "run_modes" in modes else [part for part in batch if part.event == "metadata"]
 
 
 class ThreadRuns:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, get_args
 
+import orjson
+
 from backchannel._clock import now_iso
 from backchannel.events import Event
 from backchannel.messages import AIMessage, message_to_dict
@@ -47,16 +49,23 @@ def interrupt_part(interrupt: Any) -> dict[str, Any]:
 
 
 class StreamMapper:
-    """Turns events into stream parts for the requested modes."""
+    """Turns events into stream parts for the requested modes.
+
+    With ``wire``, the parts are for a reader that renders them as JSON with orjson (the server): a model's text
+    token in ``messages-tuple`` comes as its JSON already (an ``orjson.Fragment``, the same bytes), the token
+    spliced into what the rest of the part renders to, rendered once per message (it is the same for each token).
+    """
 
     def __init__(self, modes: Sequence[str], *, subgraphs: bool = False,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None, wire: bool = False) -> None:
         self.modes = frozenset(modes)
         self.subgraphs = subgraphs
         self.metadata = metadata or {}
+        self.wire = wire
         self._seen: set[str] = set()
         self._partial: dict[str, dict[str, Any]] = {}
         self._message_meta: dict[str, dict[str, Any]] = {}  # of each message being streamed, for its chunks
+        self._rendered: dict[str, bytes] = {}  # of each message being streamed: its tokens' JSON after the text
         self._step = 0
         self._only_tuples = self.modes == {"messages-tuple"}
 
@@ -67,7 +76,10 @@ class StreamMapper:
             return []
         if self._only_tuples and not nested and event.type == "message" and event.data["event"] == "delta":
             # A model's token, the most frequent event by far: as a messages-tuple part, straight.
-            return [StreamPart("messages", [_chunk(event.data, event.agent), self._chunk_meta(event)], str(event.seq))]
+            data = event.data
+            if self.wire and "tool_call" not in data:
+                return [StreamPart("messages", self._token_json(event), str(event.seq))]
+            return [StreamPart("messages", [_chunk(data, event.agent), self._chunk_meta(event)], str(event.seq))]
         handler = getattr(self, f"_on_{event.type}", None)
         if handler is None:
             return []
@@ -174,6 +186,7 @@ class StreamMapper:
                 yield "messages/partial", [dict(partial)]
             return
         meta = self._message_meta.pop(message_id, None) or self._meta(event, node="model")
+        self._rendered.pop(message_id, None)
         final = message_to_dict(data["message"])
         self._partial.pop(message_id, None)
         last = {**final, "type": "AIMessageChunk", "content": "", "tool_call_chunks": [], "tool_calls": [],
@@ -195,6 +208,16 @@ class StreamMapper:
             meta = self._message_meta[event.data["message_id"]] = self._meta(event, node="model")
         return meta
 
+    def _token_json(self, event: Event) -> orjson.Fragment:
+        """A text token's messages-tuple part as JSON: ``[chunk, metadata]`` rendered with the token spliced in."""
+        data = event.data
+        rest = self._rendered.get(data["message_id"])
+        if rest is None:
+            empty = [_chunk({"message_id": data["message_id"]}, event.agent), self._chunk_meta(event)]
+            rendered = orjson.dumps(empty, option=orjson.OPT_NON_STR_KEYS)  # b'[{"content":"",...'
+            rest = self._rendered[data["message_id"]] = rendered[len(_EMPTY_TOKEN):]
+        return orjson.Fragment(_TOKEN + orjson.dumps(data.get("text", "")) + rest)
+
     def _meta(self, event: Event, node: str | None = None) -> dict[str, Any]:
         meta = {**self.metadata, "run_id": event.run_id, "thread_id": event.thread_id, "lc_agent_name": event.agent}
         if node is not None:
@@ -210,6 +233,10 @@ class StreamMapper:
 def wire_namespace(namespace: Sequence[str]) -> tuple[str, ...]:
     """A namespace as LangGraph names tool-dispatched subgraphs: each ``<agent>:<tool call id>`` as ``tools:<id>``."""
     return tuple(f"tools:{segment.partition(':')[2] or segment}" for segment in namespace)
+
+
+_TOKEN = b'[{"content":'  # a token's messages-tuple part rendered, up to its text (a chunk's first field)
+_EMPTY_TOKEN = _TOKEN + b'""'
 
 
 def _chunk(data: dict[str, Any], agent: str) -> dict[str, Any]:

@@ -143,7 +143,7 @@ class RunStream:
         self._joining += 1  # until it begins to read (a reader may yield something of its own first)
         if self.status is not None and not self.resumable:
             self.events = []  # as finish() does: this reader drains its own list
-        return Batches(self._drain(events, after_seq), lambda sink: self._push(events, after_seq, sink))
+        return Batches(self._drain(events, after_seq), lambda sink, wire: self._push(events, after_seq, sink))
 
     async def _drain(self, events: list[Event], after_seq: int) -> AsyncGenerator[list[Event], None]:
         index = _first_after(events, after_seq)
@@ -250,7 +250,7 @@ class Batches(Generic[T]):
     __slots__ = ("_batches", "_items", "_pusher")
 
     def __init__(self, batches: AsyncGenerator[list[T], None],
-                 pusher: Callable[[Sink[T]], Awaitable[None]] | None = None) -> None:
+                 pusher: Callable[[Sink[T], bool], Awaitable[None]] | None = None) -> None:
         self._batches = batches
         self._items: AsyncGenerator[T, None] | None = None
         self._pusher = pusher
@@ -259,13 +259,14 @@ class Batches(Generic[T]):
         """The items as lists, each of all that came since the previous (taken instead of iterating)."""
         return self._batches
 
-    async def push(self, sink: Sink[T]) -> None:
+    async def push(self, sink: Sink[T], *, wire: bool = False) -> None:
         """Hand each batch to ``sink`` as it comes (taken instead of iterating); returns after the last.
 
         A run's stream calls ``sink`` in the publisher's own call, as each event is published, so ``sink``
         must not block: when it cannot take more for now it returns a future, and the stream keeps what comes
         meanwhile, until that future is done (or raises: the push ends with its exception, as with one ``sink``
-        raises; the publisher carries on either way).
+        raises; the publisher carries on either way). With ``wire``, ``sink`` renders stream parts as JSON with
+        orjson (for the wire): a part's data may come as JSON already (an ``orjson.Fragment``: a model's tokens).
         """
         pusher = self._pusher
         if pusher is None:
@@ -275,7 +276,7 @@ class Batches(Generic[T]):
                     await ready
             return
         await self._batches.aclose()  # never started: the pusher delivers them
-        await pusher(sink)
+        await pusher(sink, wire)
 
     def __aiter__(self) -> Batches[T]:
         return self

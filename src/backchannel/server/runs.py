@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -14,9 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from backchannel.errors import BackchannelError, NotFoundError
-from backchannel.runtime.modes import StreamPart
 from backchannel.runtime.run_options import check_stream_modes, event_position
-from backchannel.runtime.streams import Batches
 from backchannel.server.routing import (
     Endpoint,
     JSONResponse,
@@ -29,12 +26,11 @@ from backchannel.server.routing import (
     runtime_of,
 )
 from backchannel.server.schemas import RunBatch, RunCreate, RunsCancel
-from backchannel.server.sse import PushedChunks, StreamingBody, Write, encode_event, event_stream, json_body
+from backchannel.server.sse import PushedChunks, StreamingBody, event_stream, json_body, push_parts
 from backchannel.tracing import with_trace_context
 
 __all__ = ["ENDPOINTS"]
 
-logger = logging.getLogger("backchannel.server")
 
 _NOT_RUN_OPTIONS = ("assistant_id", "on_disconnect")
 
@@ -73,7 +69,7 @@ async def stream_run(request: Request) -> Response | StreamingBody:
     thread_id = request.path_params.get("thread_id")
     parts = rt.runs.stream(thread_id, body.assistant_id, **_run_options(body, request))
     created: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    chunks = PushedChunks(lambda write: _push_events(parts, write, with_id=body.stream_resumable, created=created))
+    chunks = PushedChunks(lambda write: push_parts(parts, write, with_id=body.stream_resumable, created=created))
     run_id = await chunks.until(created)  # the run is made first, so a bad request fails here, before the response
     return event_stream(
         request, chunks, headers=_run_headers(thread_id, run_id, "stream"),
@@ -127,7 +123,7 @@ async def join_run_stream(request: Request) -> Response | StreamingBody:
     parts = rt.runs.join_stream(thread_id, run_id, stream_mode=modes, last_event_id=last_event_id)
     with_id = bool(run["kwargs"].get("stream_resumable"))
     return event_stream(
-        request, PushedChunks(lambda write: _push_events(parts, write, with_id=with_id)),
+        request, PushedChunks(lambda write: push_parts(parts, write, with_id=with_id)),
         headers=_run_headers(thread_id, run_id, "stream"),
         on_disconnect=_canceller(rt, thread_id, run_id) if query_bool(request, "cancel_on_disconnect") else None)
 
@@ -150,30 +146,6 @@ def _run_headers(thread_id: str | None, run_id: str, then: str | None = None) ->
 
 
 # -- bodies ------------------------------------------------------------------------
-
-
-async def _push_events(parts: Batches[StreamPart], write: Write, *, with_id: bool,
-                       created: asyncio.Future[str] | None = None) -> None:
-    """A run's stream parts as SSE, written as they come, one chunk per batch of them (the first is ``[metadata]``,
-    whose run id is ``created``'s result); a failure of the stream itself (once created) ends it with an ``error``
-    event."""
-    def take(batch: list[StreamPart]) -> asyncio.Future[Any] | None:
-        if created is not None and not created.done():
-            created.set_result(batch[0].data["run_id"])
-        return write(b"".join([encode_event(part, with_id=with_id) for part in batch]))
-
-    try:
-        await parts.push(take)
-    except Exception as exc:
-        if created is not None and not created.done():
-            raise  # the run was not created: the request's error
-        if isinstance(exc, BackchannelError):
-            write(encode_event(StreamPart("error", {"error": type(exc).__name__, "message": str(exc)}), with_id=False))
-        else:
-            logger.exception("a run stream failed")
-            write(encode_event(StreamPart("error", {"error": "InternalServerError",
-                                                    "message": "the stream failed; see the server log"}),
-                               with_id=False))
 
 
 async def _output(rt: Any, run_id: str) -> AsyncIterator[bytes]:

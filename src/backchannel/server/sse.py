@@ -38,11 +38,13 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
+from backchannel.errors import BackchannelError
 from backchannel.runtime.modes import StreamPart
+from backchannel.runtime.streams import Batches
 from backchannel.server.routing import render_json
 
 __all__ = ["BODY_SEND", "SSE_HEARTBEAT", "OpenStreams", "PushedChunks", "StreamingBody", "Write", "encode_event",
-           "event_stream", "json_body"]
+           "event_stream", "json_body", "push_parts"]
 
 SSE_HEARTBEAT = b": heartbeat\r\n\r\n"
 JSON_HEARTBEAT = b"\n"
@@ -59,6 +61,32 @@ def encode_event(part: StreamPart, *, with_id: bool) -> bytes:
     if with_id and part.id is not None:
         return b"event: %b\r\ndata: %b\r\nid: %b\r\n\r\n" % (event, data, part.id.encode())
     return b"event: %b\r\ndata: %b\r\n\r\n" % (event, data)
+
+
+async def push_parts(parts: Batches[StreamPart], write: Write, *, with_id: bool,
+                     created: asyncio.Future[str] | None = None) -> None:
+    """A stream's parts (a run's, a thread's) as SSE, written as they come, one chunk per batch of them (a run's
+    first is ``[metadata]``, whose run id is ``created``'s result); a failure of the stream itself (once created)
+    ends it with an ``error`` event."""
+    def take(batch: list[StreamPart]) -> asyncio.Future[Any] | None:
+        if created is not None and not created.done():
+            created.set_result(batch[0].data["run_id"])
+        if len(batch) == 1:  # (a token)
+            return write(encode_event(batch[0], with_id=with_id))
+        return write(b"".join([encode_event(part, with_id=with_id) for part in batch]))
+
+    try:
+        await parts.push(take, wire=True)
+    except Exception as exc:
+        if created is not None and not created.done():
+            raise  # the run was not created: the request's error
+        if isinstance(exc, BackchannelError):
+            write(encode_event(StreamPart("error", {"error": type(exc).__name__, "message": str(exc)}), with_id=False))
+        else:
+            logger.exception("a stream failed")
+            write(encode_event(StreamPart("error", {"error": "InternalServerError",
+                                                    "message": "the stream failed; see the server log"}),
+                               with_id=False))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -287,13 +315,13 @@ class StreamingBody:
             return self._writer
         self._since = self._loop.time()
         step = self._send_body({"type": "http.response.body", "body": chunk, "more_body": True}).__await__()
-        try:
-            blocked = step.send(None)  # a send the connection takes at once ends in this step
-        except StopIteration:
-            return None
-        self._sending = True
-        self._writer = self._loop.create_task(self._finish(step, blocked), context=self._context)
-        return self._writer
+        # A send the connection takes at once ends in its first step. Stepped by a loop, not send(None): its end
+        # raises no StopIteration (a quarter of a microsecond a chunk).
+        for blocked in step:  # it has to wait for ``blocked``: a task goes on with it
+            self._sending = True
+            self._writer = self._loop.create_task(self._finish(step, blocked), context=self._context)
+            return self._writer
+        return None
 
     async def _finish(self, step: Any, blocked: Any) -> None:
         """Finish the send that had to wait, then send what queued behind it (each time all of it as one chunk).

@@ -9,7 +9,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from backchannel.protocols import StreamPart
 from backchannel.server.routing import (
     Endpoint,
     JSONResponse,
@@ -30,7 +29,7 @@ from backchannel.server.schemas import (
     ThreadPrune,
     ThreadSearch,
 )
-from backchannel.server.sse import StreamingBody, encode_event, event_stream
+from backchannel.server.sse import PushedChunks, StreamingBody, event_stream, push_parts
 
 __all__ = ["ENDPOINTS"]
 
@@ -135,12 +134,7 @@ async def join_thread_stream(request: Request) -> StreamingBody:
     modes = [m.strip() for value in raw for m in value.split(",") if m.strip()] or ["run_modes"]
     parts = rt.threads.join_stream(thread_id, stream_mode=modes,
                                    last_event_id=request.headers.get("last-event-id") or None)
-    return event_stream(request, _thread_events(parts))
-
-
-async def _thread_events(parts: AsyncIterator[StreamPart]) -> AsyncIterator[bytes]:
-    async for part in parts:
-        yield encode_event(part, with_id=False)
+    return event_stream(request, PushedChunks(lambda write: push_parts(parts, write, with_id=False)))
 
 
 _THREAD = {200: "The thread", 404: "Thread not found"}
