@@ -9,7 +9,7 @@ from runtime_helpers import contents, echo_agent, looping_agent, user
 from backchannel._clock import now_iso
 from backchannel.runtime import LocalRuntime, open_storage
 from backchannel.runtime.memory import MemoryStorage
-from backchannel.runtime.rows import ThreadRow
+from backchannel.runtime.rows import RunRow, ThreadRow
 from backchannel.runtime.sqlite import SQLiteStorage
 
 
@@ -108,6 +108,46 @@ async def test_a_closed_storage_says_so(tmp_path):
     await storage.open()  # opening twice is harmless
     await storage.close()
     await storage.close()
+
+
+async def test_what_a_claim_reads_does_not_grow_with_the_runs_under_way(tmp_path):
+    """A claim with a thousand runs running reads about what it does with ten (it read every running run, to count
+    each concurrency key's, at every claim): the steps of its statements, counted by SQLite's progress handler."""
+    storage = SQLiteStorage(str(tmp_path / "x.db"))
+    await storage.open()
+
+    async def steps_of_a_claim(running: int) -> int:
+        now = now_iso()
+        for _ in range(running):
+            thread_id = str(uuid.uuid4())
+            await storage.create_thread(ThreadRow(thread_id, now, now))
+            await storage.create_run(RunRow(str(uuid.uuid4()), thread_id, "a", now, now, worker_id="other",
+                                            scheduled_at=now))
+        assert len(await storage.claim_runs("other", running, now_iso())) == running
+        thread_id = str(uuid.uuid4())
+        await storage.create_thread(ThreadRow(thread_id, now, now))
+        await storage.create_run(RunRow(str(uuid.uuid4()), thread_id, "a", now, now, worker_id="w1", scheduled_at=now,
+                                        concurrency_key="k", concurrency_limit=2))
+        steps = 0
+
+        def count() -> int:
+            nonlocal steps
+            steps += 1
+            return 0
+
+        storage.db.set_progress_handler(count, 10)
+        try:
+            assert len(await storage.claim_runs("w1", 10, now_iso())) == 1
+        finally:
+            storage.db.set_progress_handler(None, 10)
+        return steps
+
+    try:
+        few = await steps_of_a_claim(10)
+        many = await steps_of_a_claim(990)  # 1,000 running
+    finally:
+        await storage.close()
+    assert many < 2 * few + 50, (few, many)
 
 
 async def test_runtime_close_is_idempotent_and_reopenable(url):

@@ -22,9 +22,10 @@ async def storage(store_url):
     await s.close()
 
 
-def _run(thread_id, *, status="pending", worker="w1", at=None):
+def _run(thread_id, *, status="pending", worker="w1", at=None, key=None, limit=None):
     now = now_iso()
-    return RunRow(str(uuid.uuid4()), thread_id, "a", now, now, status, {}, {}, "enqueue", worker, at or now)
+    return RunRow(str(uuid.uuid4()), thread_id, "a", now, now, status, {}, {}, "enqueue", worker, at or now,
+                  concurrency_key=key, concurrency_limit=limit)
 
 
 def _claim(row):
@@ -143,6 +144,28 @@ async def test_claim_runs_one_per_thread_oldest_first_and_not_before_time(storag
     # the limit is respected
     await storage.finish_run(RunEnd(other.run_id, "t2", "success", "idle", now_iso()))
     assert await storage.claim_runs("w1", 0, now_iso()) == []
+
+
+async def test_claims_keep_each_concurrency_key_to_its_limit_counting_the_runs_already_running(storage):
+    """Runs sharing a concurrency key run at most its limit at once, counting those of the key running already
+    (claimed by any worker, in an earlier claim); runs of another key, or of none, are claimed beside them."""
+    now = now_iso()
+    threads = [f"t{i}" for i in range(8)]
+    for t in threads:
+        await storage.create_thread(ThreadRow(t, now, now))
+    running = _run("t0", worker="w2", key="k", limit=2)
+    await storage.create_run(running)
+    assert [r.run_id for r in await storage.claim_runs("w2", 10, now_iso())] == [running.run_id]
+    keyed = [_run(t, key="k", limit=2) for t in threads[1:4]]
+    other = _run("t4", key="other", limit=1)
+    free = _run("t5")
+    for row in (*keyed, other, free):
+        await storage.create_run(row)
+    claimed = await storage.claim_runs("w1", 10, now_iso())
+    assert [r.run_id for r in claimed] == [keyed[0].run_id, other.run_id, free.run_id]  # k: one more of 2
+    assert await storage.claim_runs("w1", 10, now_iso()) == []
+    await storage.finish_run(RunEnd(running.run_id, "t0", "success", "idle", now_iso()))
+    assert [r.run_id for r in await storage.claim_runs("w1", 10, now_iso())] == [keyed[1].run_id]
 
 
 async def test_finish_run_records_the_run_its_thread_and_where_the_thread_continues(storage):

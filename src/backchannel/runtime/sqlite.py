@@ -249,6 +249,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE UNIQUE INDEX checkpoint_bases_by_id ON checkpoint_bases(thread_id, checkpoint_id)",
         "CREATE INDEX checkpoint_bases_by_seq ON checkpoint_bases(thread_id, seq)",
     ),
+    (
+        # The runs running under a concurrency key, counted at a claim without reading every running run.
+        "CREATE INDEX runs_running_by_key ON runs(concurrency_key) WHERE status = 'running' "
+        "AND concurrency_key IS NOT NULL",
+    ),
 )
 
 _ITEM_COLUMNS = "namespace, key, value, created_at, updated_at, ttl_minutes, expires_at"
@@ -279,6 +284,28 @@ _PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but '"' and '\\': a str
 # The checkpoints of other runs (or of none) whose parent a run wrote: thread and run, twice.
 _CHILDREN_OF_RUN = ("thread_id = ? AND run_id IS NOT ? AND NOT whole AND parent_id IN "
                     "(SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? AND run_id = ?)")
+
+
+class _RunningByKey(Mapping[str, int]):
+    """The running runs of each concurrency key, counted when a claim first asks (for its candidates' keys): counting
+    every key's at each claim read every running run, a claim's cost growing with the runs under way."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._counts: dict[str, int] = {}
+
+    def __getitem__(self, key: str) -> int:
+        count = self._counts.get(key)
+        if count is None:
+            count = self._counts[key] = self._db.execute(
+                "SELECT count(*) FROM runs WHERE status = 'running' AND concurrency_key = ?", (key,)).fetchone()[0]
+        return count
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counts)
+
+    def __len__(self) -> int:
+        return len(self._counts)
 
 
 class SQLiteStorage(Storage):
@@ -771,8 +798,7 @@ class SQLiteStorage(Storage):
 
     async def claim_runs(self, worker_id: str, limit: int, now: str) -> list[RunRow]:
         with self._transaction() as db:
-            running = dict(db.execute("SELECT concurrency_key, count(*) FROM runs WHERE status = 'running' "
-                                      "AND concurrency_key IS NOT NULL GROUP BY concurrency_key").fetchall())
+            running = _RunningByKey(db)
             # Read only as far as the claims go (the index gives rowid order): a long queue is not read
             # whole at every claim.
             candidates = db.execute(
