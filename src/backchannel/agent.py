@@ -63,7 +63,8 @@ class _Plan:
     system_prompt: str | None
     hooks: dict[str, list[tuple[str, Any]]]
     call_model: ModelHandler
-    call_tool: ToolHandler
+    call_tool: ToolHandler  # its outermost wrap_tool_call layer's errors are the caller's to name (see _flat_chain)
+    tool_layer: str | None  # the middleware of that layer (None: no wrap_tool_call middleware)
     reducers: dict[str, Reducer]
 
 
@@ -131,7 +132,8 @@ class Agent:
             system_prompt="\n\n".join(p for p in prompts if p) or None,
             hooks=hooks,
             call_model=_chain("wrap_model_call", hooks["wrap_model_call"], _invoke_model),
-            call_tool=_chain("wrap_tool_call", hooks["wrap_tool_call"], _tool_invoker(sorted(tools))),
+            call_tool=_flat_chain("wrap_tool_call", hooks["wrap_tool_call"], _tool_invoker(sorted(tools))),
+            tool_layer=hooks["wrap_tool_call"][0][0] if hooks["wrap_tool_call"] else None,
             reducers=reducers,
         )
         return self._plan
@@ -498,6 +500,11 @@ class Agent:
                 scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
                 try:
                     result = await plan.call_tool(ToolCallRequest(call, tool, state, ctx))
+                except Exception as exc:  # the outermost layer's, named here (that layer has no frame of its own)
+                    error = _middleware_error(plan.tool_layer, "wrap_tool_call", exc)
+                    if error is None:
+                        raise
+                    raise error from exc
                 finally:
                     current_scope.reset(scope)
             update, direct, message = _tool_update(result, call, tool)
@@ -849,6 +856,19 @@ def _chain(hook: str, wrappers: list[tuple[str, Any]], innermost: Any) -> Any:
     return handler
 
 
+def _flat_chain(hook: str, wrappers: list[tuple[str, Any]], innermost: Any) -> Any:
+    """:func:`_chain` without the outermost layer's frame: its caller names what that middleware raises itself
+    (:func:`_middleware_error`), one coroutine fewer suspended with every call (a tool's, for its whole length)."""
+    if not wrappers:
+        return innermost
+    (_, outermost), inner = wrappers[0], _chain(hook, wrappers[1:], innermost)
+
+    def call(request: Any) -> Any:
+        return outermost(request, inner)
+
+    return call
+
+
 def _layer(hook: str, mw_name: str, fn: Any, inner: Any) -> Any:
     """``fn`` around ``inner``: what ``fn`` raises itself is a :class:`MiddlewareError` naming it. What ``inner``
     raises comes through as it is: the innermost handler marks its own errors and a layer raises only marked
@@ -857,14 +877,22 @@ def _layer(hook: str, mw_name: str, fn: Any, inner: Any) -> Any:
     async def layer(request: Any) -> Any:
         try:
             return await fn(request, inner)
-        except (GraphInterrupt, MiddlewareError):
-            raise
         except Exception as exc:
-            if getattr(exc, "_backchannel_passthrough", False):
-                raise  # the model's or an inner layer's error, not this middleware's
-            raise MiddlewareError(mw_name, hook, exc) from exc
+            error = _middleware_error(mw_name, hook, exc)
+            if error is None:
+                raise
+            raise error from exc
 
     return layer
+
+
+def _middleware_error(mw_name: str | None, hook: str, exc: Exception) -> MiddlewareError | None:
+    """The error naming the middleware ``mw_name`` that raised ``exc`` in ``hook``; ``None`` when ``exc`` passes
+    through as it is (an interrupt, a middleware error, the model's or an inner layer's error; no middleware)."""
+    if mw_name is None or isinstance(exc, (GraphInterrupt, MiddlewareError)) \
+            or getattr(exc, "_backchannel_passthrough", False):
+        return None
+    return MiddlewareError(mw_name, hook, exc)
 
 
 def _mark_passthrough(exc: BaseException) -> None:
