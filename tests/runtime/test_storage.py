@@ -306,6 +306,26 @@ async def test_claims_count_attempts_and_a_release_gives_its_attempt_back(storag
     assert third.attempts == 2 == (await storage.get_run(first.run_id)).attempts
 
 
+async def test_a_claimed_row_stays_as_it_was_claimed_whatever_happens_to_the_run(storage):
+    # Its executor holds it for the run's whole length and fences every write with its claim.
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now))
+    await storage.create_run(_run("t"))
+    [first] = await storage.claim_runs("w1", 1, now_iso())
+    claimed = (first.status, first.claim, first.attempts, first.worker_id, first.updated_at)
+    assert await storage.release_run(_claim(first), now_iso())
+    [second] = await storage.claim_runs("w1", 1, now_iso())
+    await storage.requeue_orphans([], "w2", {"a": "digest-of-a"})
+    [third] = await storage.claim_runs("w2", 1, now_iso())
+    await storage.finish_run(RunEnd(third.run_id, "t", "error", "error", now_iso(), error={"message": "x"},
+                                    usage={"total_tokens": 3}, claim=third.claim))
+    assert (first.status, first.claim, first.attempts, first.worker_id, first.updated_at) == claimed
+    assert (second.status, second.worker_id, third.status, third.worker_id) == ("running", "w1", "running", "w2")
+    assert first.error is second.error is third.error is None and third.usage is None
+    assert len({first.claim, second.claim, third.claim}) == 3
+    assert (await storage.get_run(first.run_id)).status == "error"
+
+
 async def test_requeue_orphans_takes_only_the_runs_of_agents_it_serves(storage):
     now = now_iso()
     rows = {}

@@ -2,7 +2,10 @@
 
 Nothing is serialised: checkpoints keep the state updates and messages as
 they are (the runtime never mutates them after recording). Rows handed out
-are copies, so callers cannot change stored data by accident.
+are copies, so callers cannot change stored data by accident; but a claimed
+run's row is handed to its executor as it is stored (a thousand runs executing
+would each keep a second copy), and the store never changes a run's row in
+place: it stores a changed copy (see ``_changing``).
 """
 
 from __future__ import annotations
@@ -198,6 +201,12 @@ class MemoryStorage(Storage):
         row = self._runs.get(run_id)
         return _copy(row) if row else None
 
+    def _changing(self, row: RunRow) -> RunRow:
+        """A copy of a run's row, stored in its place, to change: the row it replaces may be a claim's, which its
+        executor holds as it was claimed (what its exactly-once checks compare with)."""
+        row = self._runs[row.run_id] = _copy(row)
+        return row
+
     def _set_status(self, row: RunRow, status: RunStatus, updated_at: str) -> None:
         """Change a run's status, keeping the pending and running indexes in step."""
         if status != row.status:
@@ -254,11 +263,12 @@ class MemoryStorage(Storage):
                if row.worker_id == worker_id and row.scheduled_at <= now and row.thread_id not in self._running_thread)
         claimed = pick_claims(due, self._running_keys, limit)
         token = new_id()
-        for row in claimed:
+        rows = [self._changing(row) for row in claimed]
+        for row in rows:
             self._set_status(row, "running", now)
             row.attempts += 1
             row.claim = token
-        return [_copy(row) for row in claimed]
+        return rows  # not copied: the store never changes them (see _changing)
 
     def _held(self, claim: RunClaim | None) -> None:
         """Raise LostRunError unless the run is running under ``claim`` (no claim: nothing to check)."""
@@ -273,7 +283,7 @@ class MemoryStorage(Storage):
             self._held(claim)
         except LostRunError:
             return False
-        row = self._runs[claim.run_id]
+        row = self._changing(self._runs[claim.run_id])
         self._set_status(row, "pending", now)
         row.attempts, row.claim = max(row.attempts - 1, 0), None
         self._pending = dict.fromkeys(sorted(self._pending, key=self._order.__getitem__))
@@ -284,6 +294,7 @@ class MemoryStorage(Storage):
             self._held(RunClaim(end.run_id, end.claim))
         run = self._runs.get(end.run_id)
         if run is not None:
+            run = self._changing(run)
             run.error, run.usage = end.error, end.usage
             self._set_status(run, end.status, end.updated_at)
             if end.spans is not None:
@@ -310,7 +321,7 @@ class MemoryStorage(Storage):
         if action == "rollback":
             await self.delete_run(run_id)
         else:
-            self._set_status(row, "interrupted", now)
+            self._set_status(self._changing(row), "interrupted", now)
         thread = self._threads.get(row.thread_id)
         if thread is not None and thread.status == "busy" and not await self.active_runs(row.thread_id):
             thread.status = "interrupted" if thread.interrupts else "idle"
@@ -324,7 +335,7 @@ class MemoryStorage(Storage):
                           and r.worker_id not in self._workers
                           and (r.agent_digest in digests if r.agent_digest else r.assistant_id in agents)),
                          key=lambda r: self._order[r.run_id])[:limit]
-        for row in orphans:
+        for row in map(self._changing, orphans):
             self._unindex(row)
             row.status, row.worker_id, row.claim = "pending", new_worker_id, None
             self._index(row)
