@@ -1,6 +1,7 @@
 """The storage contract, on every backend: the same operations give the same answers."""
 
 import asyncio
+import json
 import uuid
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -9,9 +10,18 @@ import pytest
 
 from backchannel._clock import now_iso
 from backchannel.errors import LostRunError, NotFoundError
-from backchannel.messages import HumanMessage
+from backchannel.messages import HumanMessage, message_to_dict
 from backchannel.runtime.backends import open_storage
-from backchannel.runtime.rows import CheckpointRow, CronRow, RunClaim, RunEnd, RunRow, ThreadRow, ThreadTTL
+from backchannel.runtime.rows import (
+    CheckpointRow,
+    CronRow,
+    RunClaim,
+    RunEnd,
+    RunRow,
+    ThreadRow,
+    ThreadTTL,
+    delta_text,
+)
 
 
 @pytest.fixture
@@ -381,6 +391,34 @@ async def test_requeue_orphans_with_a_limit_takes_the_oldest_and_leaves_the_rest
     assert [row.run_id for row in await storage.claim_runs("me", 10, now_iso())] == queued[:2]  # start at once
     assert await storage.requeue_orphans(["me"], "me", {"a": "digest-of-a"}) == queued[2:]
     assert {(await storage.get_run(run_id)).worker_id for run_id in queued} == {"me"}
+
+
+async def test_a_checkpoint_reads_back_with_the_time_and_the_change_it_was_written_with(storage):
+    # The memory store keeps a step's one message bare (no dict and list around it): every change reads back as
+    # given, a message given as a dict included; and times in any text form.
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now))
+    message = HumanMessage("hi", id="m1")
+    written = [
+        ("c1", now_iso(), {"messages": [message]}),
+        ("c2", "2020-02-29T23:59:59.000001+00:00", {"messages": [message_to_dict(message)]}),  # a message as a dict
+        ("c3", "0999-01-01T00:00:00.000000+00:00", {"messages": [message], "k": 1}),  # a year before 1000
+        ("c4", "2024-05-01T10:00:00Z", {"messages": []}),
+        ("c5", "2024-05-01T10:00:00.5+00:00", {"messages": [message, message]}),
+        ("c6", "2024-05-01 10:00:00.000000+00:00", {"k": [1]}),
+        ("c7", "1969-12-31T23:59:59.999999+00:00", {"messages": [message]}),
+    ]
+    parent = None
+    for seq, (checkpoint_id, at, delta) in enumerate(written, 1):
+        await storage.put_checkpoint(replace(_checkpoint("t", seq, parent, delta=delta), checkpoint_id=checkpoint_id,
+                                             created_at=at))
+        parent = checkpoint_id
+    expected = [(c, at, json.loads(delta_text(delta))) for c, at, delta in written]
+    chain = await storage.checkpoint_chain("t", "c7")
+    for rows in (chain, [await storage.get_checkpoint("t", c) for c, _, _ in written],
+                 list(reversed(await storage.list_checkpoints("t")))):
+        assert [(r.checkpoint_id, r.created_at, json.loads(delta_text(r.delta))) for r in rows] == expected
+    assert (await storage.head_checkpoint("t")).created_at == written[-1][1]
 
 
 async def test_checkpoint_chains_follow_parents_across_forks(storage):

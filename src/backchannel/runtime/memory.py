@@ -19,7 +19,7 @@ from typing import Any
 
 from backchannel._ids import new_id
 from backchannel.errors import LostRunError, NotFoundError
-from backchannel.messages import AnyMessage
+from backchannel.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from backchannel.runtime.rows import (
     ACTIVE,
     AssistantRow,
@@ -46,8 +46,8 @@ from backchannel.runtime.storage import Storage, pick_claims
 
 __all__ = ["MemoryStorage"]
 
-_FIELDS = {cls: operator.attrgetter(*(f.name for f in fields(cls))) for cls in (ThreadRow, RunRow, CheckpointRow,
-                                                                                   ItemRow, CronRow)}
+_MESSAGE_CLASSES = frozenset({AIMessage, HumanMessage, SystemMessage, ToolMessage})
+_FIELDS = {cls: operator.attrgetter(*(f.name for f in fields(cls))) for cls in (ThreadRow, RunRow, ItemRow, CronRow)}
 
 
 def _copy(row: Any) -> Any:
@@ -68,7 +68,7 @@ class MemoryStorage(Storage):
         self._running_thread: dict[str, str] = {}  # thread -> its running run
         self._running_keys: Counter[str] = Counter()  # concurrency key -> running runs
         # thread -> checkpoint id -> its row, in the order written (one table: a thousand live threads each keep one)
-        self._checkpoints: dict[str, dict[str, CheckpointRow]] = {}
+        self._checkpoints: dict[str, dict[str, _Kept]] = {}
         self._pending_writes: dict[str, dict[str, Mapping[str, Any]]] = {}
         self._inbox: dict[str, dict[str, list[Any]]] = {}  # thread -> key -> [message, delivered]
         self._items: dict[tuple[tuple[str, ...], str], ItemRow] = {}
@@ -367,21 +367,29 @@ class MemoryStorage(Storage):
         by_id = self._checkpoints.setdefault(row.thread_id, {})
         if parent_seq is not None and row.parent_id not in by_id:
             return False
-        row = _copy(row)
-        if isinstance(row.delta, Delta):
-            row.delta = row.delta.kept_in_memory()
-        by_id[row.checkpoint_id] = row
+        by_id[row.checkpoint_id] = self._kept(row)
         return True
 
+    def _kept(self, row: CheckpointRow) -> _Kept:
+        delta = row.delta.kept_in_memory() if isinstance(row.delta, Delta) else row.delta
+        return _Kept(row.thread_id, row.checkpoint_id, row.parent_id, row.seq, row.run_id, _packed_delta(delta),
+                     row.next, row.metadata, row.created_at, row.whole)
+
+    def _row(self, kept: _Kept) -> CheckpointRow:
+        delta = kept.delta
+        return CheckpointRow(kept.thread_id, kept.checkpoint_id, kept.parent_id, kept.seq, kept.run_id,
+                             {"messages": [delta]} if type(delta) in _MESSAGE_CLASSES else delta, kept.next,
+                             kept.metadata, kept.created_at, kept.whole)
+
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
-        row = self._checkpoints.get(thread_id, {}).get(checkpoint_id)
-        return _copy(row) if row else None
+        kept = self._checkpoints.get(thread_id, {}).get(checkpoint_id)
+        return self._row(kept) if kept else None
 
     async def head_checkpoint(self, thread_id: str) -> CheckpointRow | None:
-        row = self._newest_checkpoint(thread_id)
-        return _copy(row) if row else None
+        kept = self._newest_checkpoint(thread_id)
+        return self._row(kept) if kept else None
 
-    def _newest_checkpoint(self, thread_id: str) -> CheckpointRow | None:
+    def _newest_checkpoint(self, thread_id: str) -> _Kept | None:
         rows = self._checkpoints.get(thread_id)
         return next(reversed(rows.values())) if rows else None
 
@@ -389,7 +397,7 @@ class MemoryStorage(Storage):
                                before_seq: int | None = None) -> list[CheckpointRow]:
         rows = [r for r in reversed(self._checkpoints.get(thread_id, {}).values())
                 if before_seq is None or r.seq < before_seq]
-        return [_copy(r) for r in rows[:limit]]
+        return [self._row(r) for r in rows[:limit]]
 
     async def checkpoint_chain(self, thread_id: str, checkpoint_id: str, seq: int | None = None, *,
                                since: int | None = None) -> list[CheckpointRow]:
@@ -397,9 +405,9 @@ class MemoryStorage(Storage):
         chain: list[CheckpointRow] = []
         current: str | None = checkpoint_id if checkpoint_id in by_id else None
         while current is not None:
-            row = by_id[current]
-            chain.append(_copy(row))
-            current = row.parent_id if not row.whole and row.parent_id in by_id else None
+            kept = by_id[current]
+            chain.append(self._row(kept))
+            current = kept.parent_id if not kept.whole and kept.parent_id in by_id else None
             if current is not None and since is not None and by_id[current].seq < since:
                 current = None
         chain.reverse()
@@ -409,21 +417,21 @@ class MemoryStorage(Storage):
         return []
 
     async def set_checkpoint_next(self, thread_id: str, checkpoint_id: str, next: str) -> None:
-        row = self._checkpoints.get(thread_id, {}).get(checkpoint_id)
-        if row is not None:
-            row.next = next
+        kept = self._checkpoints.get(thread_id, {}).get(checkpoint_id)
+        if kept is not None:
+            kept.next = next
 
     async def children_of_run(self, thread_id: str, run_id: str) -> list[CheckpointRow]:
         rows = self._checkpoints.get(thread_id, {}).values()
         ids = {r.checkpoint_id for r in rows if r.run_id == run_id}
-        return [_copy(r) for r in rows if r.run_id != run_id and not r.whole and r.parent_id in ids]
+        return [self._row(r) for r in rows if r.run_id != run_id and not r.whole and r.parent_id in ids]
 
     async def delete_checkpoints_of_run(self, thread_id: str, run_id: str,
                                         whole: Sequence[CheckpointRow] = ()) -> bool:
         replaced = {r.checkpoint_id: r for r in whole}
         if {r.checkpoint_id for r in await self.children_of_run(thread_id, run_id)} - replaced.keys():
             return False
-        kept = [_copy(replaced[r.checkpoint_id]) if r.checkpoint_id in replaced else r
+        kept = [self._kept(replaced[r.checkpoint_id]) if r.checkpoint_id in replaced else r
                 for r in self._checkpoints.get(thread_id, {}).values() if r.run_id != run_id]
         self._checkpoints[thread_id] = {r.checkpoint_id: r for r in kept}
         return True
@@ -432,13 +440,12 @@ class MemoryStorage(Storage):
         newest = self._newest_checkpoint(row.thread_id)
         if newest is None or newest.checkpoint_id != row.checkpoint_id or self._busy(row.thread_id):
             return False
-        kept = _copy(row)
-        self._checkpoints[row.thread_id] = {kept.checkpoint_id: kept}
+        self._checkpoints[row.thread_id] = {row.checkpoint_id: self._kept(row)}
         return True
 
     async def copy_checkpoints(self, thread_id: str, new_thread_id: str) -> None:
-        for row in list(self._checkpoints.get(thread_id, {}).values()):
-            await self.put_checkpoint(replace(row, thread_id=new_thread_id))
+        for kept in list(self._checkpoints.get(thread_id, {}).values()):
+            await self.put_checkpoint(replace(self._row(kept), thread_id=new_thread_id))
 
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
                                 claim: RunClaim | None = None) -> None:
@@ -647,3 +654,28 @@ class MemoryStorage(Storage):
             return False
         row.next_run_date = next_tick
         return True
+
+
+class _Kept:
+    """A checkpoint as this store keeps it, its row made again when read (a thousand live threads keep several
+    each): the delta of a step that wrote one message is that message, bare (no dict and list around it)."""
+
+    __slots__ = ("thread_id", "checkpoint_id", "parent_id", "seq", "run_id", "delta", "next", "metadata",
+                 "created_at", "whole")
+
+    def __init__(self, thread_id: str, checkpoint_id: str, parent_id: str | None, seq: int, run_id: str | None,
+                 delta: Any, next: str, metadata: dict[str, Any], created_at: str, whole: bool) -> None:
+        self.thread_id, self.checkpoint_id, self.parent_id, self.seq, self.run_id = (
+            thread_id, checkpoint_id, parent_id, seq, run_id)
+        self.delta, self.next, self.metadata, self.created_at, self.whole = delta, next, metadata, created_at, whole
+
+
+def _packed_delta(delta: Mapping[str, Any]) -> Any:
+    """``delta`` as :class:`_Kept` holds it: ``{"messages": [message]}`` as the message object itself (a message
+    given as a dict, or of a class of its own, stays in its delta)."""
+    if type(delta) is dict and len(delta) == 1:
+        messages = delta.get("messages")
+        if type(messages) is list and len(messages) == 1 and type(messages[0]) in _MESSAGE_CLASSES:
+            return messages[0]
+    return delta
+

@@ -108,17 +108,12 @@ class Delta(Mapping[str, Any]):
 
     def kept_in_memory(self) -> Mapping[str, Any]:
         """What a store in memory keeps of it: the data only (its text is encoded again when asked: the data's
-        messages are the live state's own, so the text would be a second copy of them), without this wrapper, and
-        for a step that wrote one message (most do), that message without the dict and list around it. The text
-        is forgotten here too (the writer's state keeps this delta with its newest checkpoint)."""
+        messages are the live state's own, so the text would be a second copy of them), without this wrapper. The
+        text is forgotten here too (the writer's state keeps this delta with its newest checkpoint)."""
         data = self._data
         if data is None:
             return self
         self._text = None
-        if type(data) is dict and len(data) == 1:
-            messages = data.get("messages")
-            if type(messages) is list and len(messages) == 1:
-                return _OneMessage(messages[0])
         return data
 
     def as_json(self) -> Mapping[str, Any]:
@@ -142,33 +137,11 @@ class Delta(Mapping[str, Any]):
         return len(self._parsed())
 
 
-class _OneMessage(Mapping[str, Any]):
-    """``{"messages": [message]}``, the update of a step that wrote one message, as a store in memory keeps it: the
-    list is made when it is read (a read folds it into a state of its own), so each checkpoint kept costs one small
-    object instead of a delta, a dict and a list."""
-
-    __slots__ = ("message",)
-
-    def __init__(self, message: Any) -> None:
-        self.message = message
-
-    def __getitem__(self, key: str) -> Any:
-        if key != "messages":
-            raise KeyError(key)
-        return [self.message]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(("messages",))
-
-    def __len__(self) -> int:
-        return 1
-
-
 def delta_text(delta: Mapping[str, Any]) -> str:
     """A checkpoint's delta as stored: its JSON text (its size is what reading it back costs)."""
     if isinstance(delta, Delta):
         return delta.text
-    return dumps(dict(delta) if isinstance(delta, _OneMessage) else delta)
+    return dumps(delta)
 
 
 @dataclass(slots=True)
