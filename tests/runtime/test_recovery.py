@@ -46,8 +46,10 @@ AGENT_MODULE = textwrap.dedent('''
 
 
     def mark(workdir):
-        with open(os.path.join(workdir, "marker"), "w") as f:
+        # Written aside and renamed: the test reads the pid as soon as the marker exists.
+        with open(os.path.join(workdir, "marker.tmp"), "w") as f:
             f.write(str(os.getpid()))
+        os.replace(os.path.join(workdir, "marker.tmp"), os.path.join(workdir, "marker"))
 
 
     def build(workdir, scenario, doomed):

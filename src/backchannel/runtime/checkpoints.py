@@ -636,6 +636,9 @@ def _json_messages(value: Any) -> list[dict[str, Any]]:
 class Recorder:
     """The :class:`~backchannel.context.StepRecorder` of one run: every agent step becomes a checkpoint."""
 
+    __slots__ = ("checkpointer", "claim", "node_at", "bus", "thread_id", "state", "run_id", "reducers", "step_count",
+                 "_pending")
+
     def __init__(self, checkpointer: Checkpointer, thread_id: str, state: ThreadState, run_id: str,
                  reducers: Mapping[str, Reducer], step: int, bus: EventBus | None = None, *,
                  pending: bool = False, node_at: Callable[[str], str] | None = None,
