@@ -8,7 +8,6 @@ library on the small objects a step stores. NaN and infinities become
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,7 @@ import orjson
 
 from backchannel.messages import AIMessage, HumanMessage, RemoveMessage, SystemMessage, ToolMessage, message_to_dict
 
-__all__ = ["dumps", "json_text", "loads", "loads_many", "to_jsonable"]
+__all__ = ["dumps", "json_text", "loads", "to_jsonable"]
 
 _MESSAGE_TYPES = (SystemMessage, HumanMessage, AIMessage, ToolMessage)
 
@@ -83,16 +82,3 @@ def loads(text: str) -> Any:
     except orjson.JSONDecodeError:
         return json.loads(text)
 
-
-def loads_many(text: str) -> Any:
-    """:func:`loads` of a text that makes tens of thousands of dicts and lists (a long thread's messages), with
-    Python's cycle collector paused meanwhile: each few hundred new containers would start a collection that goes
-    over those made so far again, and in time over the whole heap (a tenth of a long thread's cold read), though a
-    parse makes no cycles. Collections resume once it is done (the collector sees the new objects then, once)."""
-    if not gc.isenabled():
-        return loads(text)
-    gc.disable()
-    try:
-        return loads(text)
-    finally:
-        gc.enable()

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import orjson
 
 from backchannel._clock import now_iso
+from backchannel._collector import collector_paused
 from backchannel.errors import ConflictError, NotFoundError
 from backchannel.events import Event, EventBus
 from backchannel.messages import (
@@ -52,7 +53,7 @@ from backchannel.messages import (
 from backchannel.runtime._readonly import read_only
 from backchannel.runtime.rows import CheckpointBase, CheckpointRow, Delta, RunClaim, delta_text
 from backchannel.runtime.storage import CheckpointStorage
-from backchannel.serde import dumps, loads, loads_many, to_jsonable
+from backchannel.serde import dumps, loads, to_jsonable
 from backchannel.state import MessageList, Reducer, apply_update, snapshot
 
 __all__ = ["Checkpointer", "Recorder", "ThreadState"]
@@ -136,14 +137,16 @@ class Checkpointer:
         first = chain[0]
         folded = sum(len(delta_text(r.delta)) for r in chain[1:])
         if bases:
-            values = _whole_values(_base_json(bases))
+            with collector_paused():
+                values = _whole_values(_base_json(bases))
             based = sum(len(b.messages) for b in bases) + len(bases[-1].rest)
             state = ThreadState(values, chain[-1], folded=based + folded, looked=based + folded,
                                 base_id=first.checkpoint_id, base_count=len(values["messages"]),
                                 since_base=len(chain) - 1)
         else:
             if first.whole:
-                values = _whole_values(first.delta)
+                with collector_paused():
+                    values = _whole_values(first.delta)
             else:
                 values = empty_state()
                 apply_update(values, first.delta, reducers)
@@ -452,7 +455,7 @@ def _appends(update: Mapping[str, Any], before: int | None, values: Mapping[str,
 
 def _base_json(bases: list[CheckpointBase]) -> dict[str, Any]:
     """The values a chain of bases holds, as JSON (messages as their dicts)."""
-    return {"messages": loads_many(_joined_messages(bases)), **loads(bases[-1].rest)}  # in the order a fold makes
+    return {"messages": loads(_joined_messages(bases)), **loads(bases[-1].rest)}  # in the order a fold makes
 
 
 def _joined_messages(bases: list[CheckpointBase]) -> str:
@@ -546,7 +549,8 @@ def _fold_appends(bases: list[CheckpointBase], chain: list[CheckpointRow], reduc
         based = [b.messages for b in bases if b.messages]
         texts = [*based, *(dumps(s)[1:-1] for s in steps)]
         return [{"messages": [orjson.Fragment(t) for t in texts[:len(based) + n]], **rest} for n, rest in marks]
-    messages: list[dict[str, Any]] = loads_many(_joined_messages(bases))
+    with collector_paused():
+        messages: list[dict[str, Any]] = loads(_joined_messages(bases))
     states, done = [], 0
     for k, (n, rest) in enumerate(marks):
         for step in steps[done:n]:
@@ -564,7 +568,8 @@ async def _fold_json(bases: list[CheckpointBase], chain: list[CheckpointRow], re
     fold = _JSONFold(reducers)
     states = []
     if bases:
-        fold.apply(_base_json(bases), whole=True)
+        with collector_paused():
+            fold.apply(_base_json(bases), whole=True)
         if chain[0].checkpoint_id in wanted:
             states.append(fold.snapshot())
         chain = chain[1:]
