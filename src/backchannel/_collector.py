@@ -3,7 +3,8 @@
 Each few hundred new containers start a young collection, every ten of those a middle one over the containers
 made so far, and as they pile up a full one over everything the process holds: a 10,000-message state (tens of
 thousands of dicts, lists and messages, and no cycle among them) was looked at several times over while it was
-being built. Paused, the collector looks at the new objects once, at its first collection after.
+being built. Paused, the collector looks at the new objects once, at its first collection after (other threads
+that allocate meanwhile have their collections deferred too, not lost).
 """
 
 from __future__ import annotations
