@@ -7,7 +7,8 @@ Zero-latency scripted models and an inline tool, so only the harness and its SQL
   orjson takes to encode what it returns; LangGraph: ``aget_state_history(limit=50)`` of LangChain's
   ``create_agent`` on ``AsyncSqliteSaver`` after the same run;
 * **a 10,000-message thread** (10 runs of 500 tool steps): ``get_state`` and ``get_history(limit=10)``, its
-  state cached (as after a run) and read back from the file, each against the time to JSON-encode what it returns;
+  state cached (as after a run) and read back from the file (best, and mean: what the cycle collector adds), each
+  against the time to JSON-encode what it returns;
   read back from the file as the server does (its stored JSON text spliced unparsed, then the response encoded);
   a 4-step run on it against the same run on a 10-message thread (``agent.ainvoke``: the harness;
   ``runs.wait``: with the whole state as its output); and the file's size.
@@ -48,13 +49,21 @@ def _steps_wanted(text: str) -> int:
     return int(text.split()[1])
 
 
-async def cpu_time(call: Callable[[], Awaitable[Any]], repeats: int) -> tuple[float, Any]:
-    """Best CPU seconds of ``repeats`` calls, and the last result."""
-    best, result = float("inf"), None
+async def cpu_times(call: Callable[[], Awaitable[Any]], repeats: int) -> tuple[float, float, Any]:
+    """Best and mean CPU seconds of ``repeats`` calls (the mean shows the cycle collector's passes, which the best
+    of a few calls may miss), and the last result."""
+    best, total, result = float("inf"), 0.0, None
     for _ in range(repeats):
         started = time.process_time()
         result = await call()
-        best = min(best, time.process_time() - started)
+        took = time.process_time() - started
+        best, total = min(best, took), total + took
+    return best, total / repeats, result
+
+
+async def cpu_time(call: Callable[[], Awaitable[Any]], repeats: int) -> tuple[float, Any]:
+    """Best CPU seconds of ``repeats`` calls, and the last result."""
+    best, _, result = await cpu_times(call, repeats)
     return best, result
 
 
@@ -149,8 +158,9 @@ async def backchannel_long_thread(directory: str, repeats: int) -> dict[str, flo
             rt.checkpoints.forget(long)  # as after a restart, or once the thread's state left the cache
             return await read()
 
-        figures["cold_get_state_s"], _ = await cpu_time(lambda: cold(lambda: rt.threads.get_state(long)), repeats)
-        figures["cold_history10_s"], cold_history = await cpu_time(
+        figures["cold_get_state_s"], figures["cold_get_state_mean_s"], _ = await cpu_times(
+            lambda: cold(lambda: rt.threads.get_state(long)), repeats)
+        figures["cold_history10_s"], figures["cold_history10_mean_s"], cold_history = await cpu_times(
             lambda: cold(lambda: rt.threads.get_history(long, limit=10)), repeats)
         assert cold_history == history
 
@@ -262,8 +272,9 @@ def render(results: dict[str, Any], out: Any) -> None:
                                ("server: get_state from the file, encoded", "served_get_state_s", "get_state_encode_s"),
                                ("server: history(limit=10) from the file, encoded", "served_history10_s",
                                 "history10_encode_s")):
+        mean = long.get(key.removesuffix("_s") + "_mean_s")
         print(f"  {label:<50} {long[key] * 1000:8.1f}   orjson encode of the result {long[encode] * 1000:7.1f}"
-              f"   ratio {long[key] / long[encode]:5.2f}", file=out)
+              f"   ratio {long[key] / long[encode]:5.2f}" + (f"   (mean {mean * 1000:.1f})" if mean else ""), file=out)
     for label, key in (("4-step run, agent.ainvoke", "run"), ("4-step run, runs.wait (whole state out)", "wait")):
         longer, shorter = long[f"{key}_long_s"] * 1000, long[f"{key}_short_s"] * 1000
         print(f"  {label:<40} 10,000 messages {longer:6.2f} · 10 messages {shorter:6.2f} · "
