@@ -47,6 +47,28 @@ async def test_a_run_executed_by_one_runtime_streams_to_another(runtimes):
     assert not b.is_running_here(run["run_id"])
 
 
+async def test_a_run_s_events_reach_only_the_runtimes_that_follow_it(runtimes):
+    """A run's executor relays its events to the runtimes following it; the others hear nothing of them."""
+    a, b, c = await runtimes(looping_agent(3, latency=0.02), 3)
+    heard = _heard_by(c)
+    tid = (await a.threads.create())["thread_id"]
+    run = await a.runs.create(tid, "agent", input=user("go"), stream_mode=MODES, after_seconds=0.3)
+    here = asyncio.create_task(_parts(a.runs.join_stream(tid, run["run_id"])))
+    there = asyncio.create_task(_parts(b.runs.join_stream(tid, run["run_id"])))
+    here, there = await asyncio.wait_for(asyncio.gather(here, there), 10)
+    assert there == here and contents(here[-1][1])[-1] == "done after 3 steps"
+    await asyncio.sleep(0.2)  # what c would hear of it has come
+    assert {m["k"] for m in heard} & {"events", "end"} == set()
+
+
+def _heard_by(rt: LocalRuntime) -> list[dict]:
+    """The messages from the other runtimes that ``rt`` receives from now on."""
+    heard: list[dict] = []
+    receive = rt.peers.coordinator._receive
+    rt.peers.coordinator._receive = lambda message: (heard.append(message), receive(message))[1]
+    return heard
+
+
 async def test_join_stream_of_a_resumable_run_replays_it_from_another_runtime(runtimes):
     a, b = await runtimes(looping_agent(2))
     tid = (await a.threads.create())["thread_id"]
@@ -223,3 +245,58 @@ async def test_a_thread_follower_sees_the_end_state_of_a_run_that_ended_before_i
 
 async def _true(value: bool) -> bool:
     return value
+
+
+
+async def _follow_runs(follower, done: list[str]) -> None:
+    """Add the id of each run a thread's follower sees to its end to ``done``."""
+    async for part in follower:
+        if part.event == "metadata" and part.data.get("status") == "run_done":
+            done.append(part.data["run_id"])
+
+
+async def test_a_thread_follower_sees_every_run_made_elsewhere_one_made_and_ended_as_it_attaches_too(runtimes):
+    """A follower in one runtime of a thread whose runs are made in another sees each of them, in order: one
+    made (and ended) while the follower attaches, before its runtime hears of the thread's runs, too."""
+    a, b = await runtimes(echo_agent())
+    tid = (await a.threads.create())["thread_id"]
+    subscribe = b.peers.coordinator.subscribe
+    meanwhile: list[str] = []
+
+    async def subscribe_late(topic: str) -> None:  # a run is made and ends before b listens to the thread
+        if not meanwhile:
+            run = await a.runs.create(tid, "agent", input=user("meanwhile"))
+            await asyncio.wait_for(a.runs.join(tid, run["run_id"]), 10)
+            meanwhile.append(run["run_id"])
+        await subscribe(topic)
+
+    b.peers.coordinator.subscribe = subscribe_late
+    done: list[str] = []
+    follower = asyncio.create_task(_follow_runs(b.threads.join_stream(tid), done))
+    await eventually(lambda: _true(done == meanwhile != []), timeout=10)
+    later = []
+    for i in range(3):
+        later.append((await a.runs.create(tid, "agent", input=user(f"later {i}")))["run_id"])
+        await asyncio.wait_for(a.runs.join(tid, later[-1]), 10)
+    await eventually(lambda: _true(len(done) == 4), timeout=10)
+    follower.cancel()
+    assert done == [*meanwhile, *later]
+
+
+async def test_a_process_with_no_follower_of_a_thread_hears_nothing_of_its_runs(runtimes):
+    """Runs made in one runtime reach another as messages only while somebody there follows their thread."""
+    a, b = await runtimes(echo_agent())
+    tid = (await a.threads.create())["thread_id"]
+    heard = _heard_by(b)
+    for i in range(3):
+        run = await a.runs.create(tid, "agent", input=user(f"unfollowed {i}"))
+        await asyncio.wait_for(a.runs.join(tid, run["run_id"]), 10)
+    done: list[str] = []
+    follower = asyncio.create_task(_follow_runs(b.threads.join_stream(tid), done))
+    await eventually(lambda: _true(bool(b.peers.coordinator._subscribed)), timeout=10)
+    await asyncio.sleep(0.5)  # the follower has attached
+    followed = await a.runs.create(tid, "agent", input=user("followed"))
+    await asyncio.wait_for(a.runs.join(tid, followed["run_id"]), 10)
+    await eventually(lambda: _true(done == [followed["run_id"]]), timeout=10)
+    follower.cancel()
+    assert [m["run"] for m in heard if m["k"] == "created"] == [followed["run_id"]]

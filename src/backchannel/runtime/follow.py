@@ -12,9 +12,10 @@ own stream modes, opened by ``metadata`` ``{run_id, attempt}`` and closed by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from backchannel._clock import now_iso
 from backchannel.events import Event
 from backchannel.protocols import StreamPart
 from backchannel.runtime.modes import StreamMapper, wants_values
@@ -30,19 +31,27 @@ THREAD_STREAM_MODES: tuple[ThreadStreamMode, ...] = ("run_modes", "lifecycle")
 
 
 RemoteFollow = Callable[[RunRow, bool], "RunStream | None"]  # a stream fed by the process executing a run
+# Hear of a thread's runs made in other processes from when it returns on; returns the function that stops.
+HearThread = Callable[[str], Awaitable[Callable[[], None]]]
+
+
+async def _hear_nothing(thread_id: str) -> Callable[[], None]:
+    return lambda: None
 
 
 class Follower:
     """Turns the streams this process keeps into stream parts for the clients that follow them.
 
-    ``remote`` follows a run another process executes (``None`` when no other process could).
+    ``remote`` follows a run another process executes (``None`` when no other process could); ``hear`` has this
+    process hear of a thread's runs made in others.
     """
 
     def __init__(self, storage: RunStorage, streams: Streams,
-                 remote: RemoteFollow = lambda row, values: None) -> None:
+                 remote: RemoteFollow = lambda row, values: None, hear: HearThread = _hear_nothing) -> None:
         self.storage = storage
         self.streams = streams
         self.remote = remote
+        self.hear = hear
 
     def run(self, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, *,
             with_metadata: bool = True) -> Batches[StreamPart]:
@@ -139,6 +148,9 @@ class Follower:
         return ThreadRuns(self, thread_id, values)
 
 
+_RECENT = 10  # runs read back when a thread's follower attaches, for those made meanwhile (at most)
+
+
 def _metadata(run: Mapping[str, Any]) -> StreamPart:
     return StreamPart("metadata", {"run_id": run["run_id"], "attempt": 1})
 
@@ -156,7 +168,9 @@ class ThreadRuns:
     """A thread's runs under way or queued when iterated, then each new one (wherever it executes), in turn:
     each with its stream, kept from its start. ``values`` asks every run for full-state snapshots.
 
-    New runs are watched for from construction, so a run made right after is not missed.
+    New runs are watched for from construction, so a run made right after is not missed: one made here is seen as it
+    is made; one made in another process is heard of once this process listens to the thread (asked for at
+    construction), and one made before that is read back then (under way, queued, or made since and ended).
     """
 
     def __init__(self, follower: Follower, thread_id: str, values: bool) -> None:
@@ -166,10 +180,18 @@ class ThreadRuns:
         self._arrived: asyncio.Queue[tuple[RunRow, RunStream]] = asyncio.Queue()
         self._expected: set[str] = set()  # runs it has heard of (each is followed once)
         self._stop = follower.streams.watch_thread(thread_id, self._expect)
+        self._since = now_iso()
+        self._hearing = asyncio.ensure_future(follower.hear(thread_id))
+        self._closed = False
 
     def close(self) -> None:
         """Stop watching the thread."""
+        if self._closed:
+            return  # a subscription is undone once
+        self._closed = True
         self._stop()
+        self._hearing.add_done_callback(_stop_hearing)
+        self._hearing.cancel()
 
     def _wants_values(self, row: RunRow) -> bool:
         return self.values or wants_values(row.kwargs.get("stream_mode") or ())
@@ -183,7 +205,14 @@ class ThreadRuns:
 
     async def __aiter__(self) -> AsyncIterator[tuple[RunRow, RunStream]]:
         try:
-            for row in await self.follower.storage.active_runs(self.thread_id):  # under way and queued
+            await self._hearing  # a run made elsewhere from now on is heard of; one made before is read now
+            storage = self.follower.storage
+            active, recent = await asyncio.gather(storage.active_runs(self.thread_id),
+                                                  storage.list_runs(self.thread_id, limit=_RECENT))
+            # Under way and queued; before them, those made since construction that ended before they were heard of.
+            under_way = {row.run_id for row in active}
+            ended = [row for row in reversed(recent) if row.created_at >= self._since and row.run_id not in under_way]
+            for row in [*ended, *active]:
                 stream = self.follower.streams.get(row.run_id) or self.follower.remote(row, self._wants_values(row))
                 if stream is not None:
                     self._expect(row, stream)
@@ -191,3 +220,8 @@ class ThreadRuns:
                 yield await self._arrived.get()
         finally:
             self.close()
+
+
+def _stop_hearing(hearing: asyncio.Future[Callable[[], None]]) -> None:
+    if not hearing.cancelled() and hearing.exception() is None:
+        hearing.result()()

@@ -111,7 +111,7 @@ class LocalRuntime:
                                  is_open=lambda: self._opened, max_attempts=max_attempts)
         self.recovery = Recovery(self.storage, self.scheduler, self.mail, worker_id=self.worker_id,
                                  heartbeat_interval=heartbeat_interval, lease=lease, served=self.registry.served)
-        follower = Follower(self.storage, self.streams, remote=self._follow_remote)
+        follower = Follower(self.storage, self.streams, remote=self._follow_remote, hear=self.peers.hear_thread)
         self.threads = ThreadsClient(self.open, self.storage, self.checkpoints, self.registry, self.queue, follower,
                                      self.retention)
         self.assistants = AssistantsClient(self.open, self.catalog, self.registry, self.storage, self.queue,

@@ -11,9 +11,11 @@ memory and SQLite provide none, and their runtimes keep their in-process paths
 - ``cancel``: stop a run that another process executes;
 - ``mail``: a thread's inbox has a message for the run another process executes on it;
 - ``watch`` / ``events`` / ``end``: somebody here follows a run executed elsewhere; its executor
-  relays the run's events until it ends (``runs.join_stream`` on any process sees any run);
+  relays the run's events until it ends (``runs.join_stream`` on any process sees any run), on the run's
+  topic, which only the processes following it subscribe to;
 - ``created``: a run was made on a thread; processes where somebody follows that thread follow the run
-  (a thread's followers on any process see every run of it).
+  (a thread's followers on any process see every run of it). Sent on the thread's topic, which only the
+  processes with a follower of the thread subscribe to: the others hear nothing of the thread's runs.
 
 Runs belong to the process that created them and run there while it lives; the
 others take them over when its lease lapses (see :mod:`backchannel.runtime.recovery`).
@@ -24,6 +26,7 @@ take mail) is done by the runtime's other parts, handed to :meth:`Peers.start`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -89,7 +92,7 @@ class Peers:
         await coordinator.start(self._receive)
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
+        for task in [*self._tasks, *(feed.heard for feed in self._remote.values())]:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.coordinator is not None:
@@ -101,9 +104,9 @@ class Peers:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _send(self, kind: str, **fields: Any) -> None:
+    def _send(self, kind: str, topic: str | None = None, **fields: Any) -> None:
         if self.coordinator is not None:
-            self.coordinator.publish({"k": kind, "w": self.me, **fields})
+            self.coordinator.publish({"k": kind, "w": self.me, **fields}, topic)
 
     # -- what this process tells the others
 
@@ -123,21 +126,46 @@ class Peers:
 
     def created(self, row: RunRow) -> None:
         """A run was made here: the thread's followers in other processes follow it too."""
-        self._send("created", thread=row.thread_id, run=row.run_id)
+        self._send("created", _thread_topic(row.thread_id), thread=row.thread_id, run=row.run_id)
+
+    async def hear_thread(self, thread_id: str) -> Callable[[], None]:
+        """Hear of the thread's runs made in other processes, from when this returns on (until the function it
+        returns is called): a thread's follower here must be heard of before it looks for the runs under way."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return _nothing
+        topic = _thread_topic(thread_id)
+        await coordinator.subscribe(topic)
+        return functools.partial(coordinator.unsubscribe, topic)
 
     def follow(self, row: RunRow, values: bool) -> RunStream:
         """A local stream of a run another process executes (or will), fed by its executor from its start."""
         feed = self._remote.get(row.run_id)
         if feed is None:
             stream = RunStream(row.run_id, resumable=True)
-            feed = self._remote[row.run_id] = _Feed(stream, row.worker_id)
+            feed = self._remote[row.run_id] = _Feed(stream, row.worker_id, self._hear_run(row.run_id))
             self.streams.add(stream)
             self._spawn(self._check_remote(row.run_id, feed))
         elif feed.values or not values:
             return feed.stream  # asked for already
         feed.values = feed.values or values
-        self._send("watch", run=row.run_id, after=0, values=feed.values)
+        self._watch(row.run_id, feed)
         return feed.stream
+
+    async def _hear_run(self, run_id: str) -> None:
+        if self.coordinator is not None:
+            await self.coordinator.subscribe(_run_topic(run_id))
+
+    def _watch(self, run_id: str, feed: _Feed) -> None:
+        """Ask the run's executor for its events (from the first): once they are heard here."""
+        def ask(_: object = None) -> None:
+            if self._remote.get(run_id) is feed:
+                self._send("watch", run=run_id, after=0, values=feed.values)
+
+        if feed.heard.done():
+            ask()
+        else:
+            feed.heard.add_done_callback(ask)
 
     # -- runs executed here
 
@@ -215,7 +243,7 @@ class Peers:
         self._kick()
         self._missed()
         for run_id, feed in self._remote.items():
-            self._send("watch", run=run_id, after=0, values=feed.values)
+            self._watch(run_id, feed)
 
     def _on_watch(self, message: dict[str, Any]) -> None:
         run_id = message["run"]
@@ -247,6 +275,12 @@ class Peers:
         if self._remote.pop(run_id, None) is not None:
             feed.stream.finish(status, error=error)
             self.streams.retire(feed.stream)
+            feed.heard.add_done_callback(functools.partial(self._stop_hearing, run_id))
+            feed.heard.cancel()
+
+    def _stop_hearing(self, run_id: str, heard: asyncio.Future[None]) -> None:
+        if not heard.cancelled() and heard.exception() is None and self.coordinator is not None:
+            self.coordinator.unsubscribe(_run_topic(run_id))
 
     async def _check_remote(self, run_id: str, feed: _Feed) -> None:
         """Watch the run's row: end the stream if it ended unseen, ask again if another process took it over."""
@@ -261,7 +295,7 @@ class Peers:
                 return
             if row.worker_id != feed.worker_id:
                 feed.worker_id = row.worker_id
-                self._send("watch", run=run_id, after=0, values=feed.values)
+                self._watch(run_id, feed)
 
 
 class _Relay:
@@ -306,7 +340,7 @@ class _Relay:
         self._flushing = False
         if self._pending:
             events, self._pending = self._pending, []
-            self.peers._send("events", run=self.run_id, events=events)
+            self.peers._send("events", _run_topic(self.run_id), run=self.run_id, events=events)
 
     def close(self, status: RunStatus, error: dict[str, Any] | None, *, replay: int | None = None,
               values: bool = False) -> None:
@@ -321,7 +355,7 @@ class _Relay:
             # The run ended before its values were asked for (or as they were): send the state it ended in.
             self._pending.append(self._final_values())
         self._flush()
-        self.peers._send("end", run=self.run_id, status=status, error=error)
+        self.peers._send("end", _run_topic(self.run_id), run=self.run_id, status=status, error=error)
 
     def _final_values(self) -> dict[str, Any]:
         stream = self.stream
@@ -339,9 +373,10 @@ class _Feed:
     when another process takes the run over (its events start again at 1), they follow on.
     """
 
-    def __init__(self, stream: RunStream, worker_id: str | None) -> None:
+    def __init__(self, stream: RunStream, worker_id: str | None, hear: Coroutine[Any, Any, None]) -> None:
         self.stream = stream
         self.worker_id = worker_id  # the executor, as the run's row last said
+        self.heard = asyncio.ensure_future(hear)  # done once the run's events are heard here
         self.values = False
         self._sender: str | None = None  # the executor whose events arrive now
         self._gone: set[str] = set()  # earlier executors: what they still send is stale
@@ -362,6 +397,14 @@ class _Feed:
             self._last = event.seq
             event.seq += self._base
             self.stream.add(event)
+
+
+def _thread_topic(thread_id: str) -> str:
+    return f"thread:{thread_id}"
+
+
+def _run_topic(run_id: str) -> str:
+    return f"run:{run_id}"
 
 
 def _event_to_wire(event: Event) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import uuid
@@ -113,6 +114,7 @@ _BASES = ("WITH RECURSIVE b(checkpoint_id, seq, prev_id, depth) AS ("
           "JOIN checkpoint_bases c ON c.thread_id = %(thread)s AND c.checkpoint_id = b.checkpoint_id")
 
 # Forward migrations, one tuple of statements per schema version (see _migrations.py).
+_LISTENER_LOCK = 0x6263_0004  # a topic's channel's: shared while a message is sent to it, alone as one listens
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         """CREATE TABLE threads (
@@ -227,6 +229,18 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "prev_id TEXT, messages TEXT NOT NULL, rest TEXT NOT NULL, PRIMARY KEY (thread_id, checkpoint_id))",
         "CREATE INDEX checkpoint_bases_by_seq ON checkpoint_bases(thread_id, seq)",
     ),
+    (  # who listens to a topic's channel (a listening connection's backend): a topic's message is sent only to
+        # a channel somebody listens to, looked for after a lock its listeners take as they begin (see
+        # PostgresCoordinator), so one that begins as it is sent either hears it or sees what it said
+        "CREATE TABLE listeners (channel TEXT NOT NULL, pid INTEGER NOT NULL, PRIMARY KEY (channel, pid))",
+        f"""CREATE FUNCTION notify_listeners(target TEXT, payload TEXT) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN
+            PERFORM pg_advisory_xact_lock_shared({_LISTENER_LOCK}, hashtext(target));
+            IF EXISTS (SELECT 1 FROM listeners WHERE channel = target) THEN
+                PERFORM pg_notify(target, payload);
+            END IF;
+        END $$""",
+    ),
 )
 _ASSISTANT_SELECT = ASSISTANT_COLUMNS.replace("metadata", "metadata::text")
 _ASSISTANT_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s"
@@ -259,8 +273,10 @@ _NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT c.metadata ->> 'parent_thread_id
                     "ON c.thread_id = r.thread_id WHERE r.status IN ('pending', 'running') "
                     "AND c.metadata ->> 'parent_thread_id' IS NOT NULL) "
                     "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
-# Volatile functions run after ORDER BY: the notifications go out in the order they were queued.
 _NOTIFY = "SELECT pg_notify(%s, %s)"
+# A topic's: sent only if somebody listens to its channel. The function is VOLATILE: its look for listeners sees
+# what committed once its lock is granted (a statement's own snapshot is taken before it waits).
+_NOTIFY_LISTENERS = "SELECT notify_listeners(%s, %s)"
 _TIDY_EVERY = 60.0  # seconds between deletions of old big payloads
 _CRONS = CronSQL("%s", metadata_equals=lambda key, value: (_json_equals("metadata"), [key, dump(value)]),
                  any_of=lambda column, values: (f"{column} = ANY(%s)", list(values)), insertion_order="seq")
@@ -1132,14 +1148,19 @@ class PostgresStorage(Storage):
 
 
 class PostgresCoordinator(Coordinator):
-    """Messages over ``LISTEN/NOTIFY`` on one channel per schema; a payload too big for NOTIFY goes
-    through the ``notifications`` table and its id through NOTIFY."""
+    """Messages over ``LISTEN/NOTIFY``: to all on one channel per schema, on a topic on a channel of its own that
+    only the processes subscribed to the topic listen to (the others' servers hear nothing of it); a payload too
+    big for NOTIFY goes through the ``notifications`` table and its id through NOTIFY."""
 
     def __init__(self, storage: PostgresStorage) -> None:
         self.storage = storage
         self.channel = ""
-        self._queue: list[str] = []
+        self._queue: list[tuple[str | None, str]] = []  # (topic, message as JSON), to send
         self._queued = asyncio.Event()
+        self._subscribed: dict[str, int] = {}  # topic -> subscriptions here
+        self._heard: dict[str, asyncio.Future[None]] = {}  # topic -> done once it is listened to
+        self._topics_changed = asyncio.Event()
+        self._received: asyncio.Queue[str | None] = asyncio.Queue()  # payloads heard (None: some may be missed)
         self._tasks: list[asyncio.Task[None]] = []
         self._receive: Callable[[dict[str, Any]], None] = lambda message: None
 
@@ -1149,6 +1170,7 @@ class PostgresCoordinator(Coordinator):
         self.channel = f"backchannel:{found[0] if found else 'public'}"[:63]
         listening: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tasks = [asyncio.create_task(self._listen_forever(listening)),
+                       asyncio.create_task(self._deliver_forever()),
                        asyncio.create_task(self._send_forever())]
         await listening  # from here on, what any process sends reaches this one
 
@@ -1157,11 +1179,40 @@ class PostgresCoordinator(Coordinator):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        for heard in self._heard.values():
+            heard.cancel()  # nothing more will be heard
         await self._send_queued()
 
-    def publish(self, message: dict[str, Any]) -> None:
-        self._queue.append(dump(message))
+    def publish(self, message: dict[str, Any], topic: str | None = None) -> None:
+        self._queue.append((topic, dump(message)))
         self._queued.set()
+
+    async def subscribe(self, topic: str) -> None:
+        self._subscribed[topic] = self._subscribed.get(topic, 0) + 1
+        heard = self._heard.get(topic)
+        if heard is None:
+            heard = self._heard[topic] = asyncio.get_running_loop().create_future()
+            self._topics_changed.set()
+        try:
+            await asyncio.shield(heard)
+        except BaseException:
+            self.unsubscribe(topic)
+            raise
+
+    def unsubscribe(self, topic: str) -> None:
+        left = self._subscribed.get(topic, 0) - 1
+        if left > 0:
+            self._subscribed[topic] = left
+            return
+        self._subscribed.pop(topic, None)
+        self._heard.pop(topic, None)
+        self._topics_changed.set()
+
+    def _channel_of(self, topic: str | None) -> str:
+        # A topic's own channel, within an identifier's 63 bytes whatever the topic (a thread id is the user's).
+        if topic is None:
+            return self.channel
+        return "backchannel:" + hashlib.blake2b(f"{self.channel}\0{topic}".encode(), digest_size=16).hexdigest()
 
     async def _send_forever(self) -> None:
         tidied = asyncio.get_running_loop().time()
@@ -1187,7 +1238,7 @@ class PostgresCoordinator(Coordinator):
         batch, self._queue = self._queue, []
         if batch:
             try:
-                await _whole(self._notify(batch))
+                await _whole(self._notify([(self._channel_of(topic), text) for topic, text in batch]))
             except StorageUnavailableError as exc:
                 self._queue[:0] = batch
                 logger.debug("%d messages for the other processes wait for the database: %s", len(batch), exc)
@@ -1196,39 +1247,45 @@ class PostgresCoordinator(Coordinator):
                 logger.exception("could not send %d messages to the other processes", len(batch))
         return True
 
-    async def _notify(self, batch: list[str]) -> None:
-        # The messages go packed, as JSON arrays: one notification, which every listening process (this one
-        # too) receives and parses, for all the messages of a batch rather than one for each.
-        if not any(len(text.encode()) > _NOTIFY_LIMIT for text in batch):
-            # Without a payload to store, a statement a pack (one, nearly always: no array of texts to quote),
-            # sent with the writes of the tick (or of the next batch): no round trip of its own. Sent as the batch
-            # commits, in the order queued.
-            await asyncio.gather(*(self.storage._write(_NOTIFY, (self.channel, pack)) for pack in _packed(batch)))
+    async def _notify(self, batch: list[tuple[str, str]]) -> None:
+        # The messages go packed, as JSON arrays: one notification, which every process listening to its channel
+        # (this one too) receives and parses, for all the messages of a batch rather than one for each.
+        if not any(len(text.encode()) > _NOTIFY_LIMIT for _, text in batch):
+            # Without a payload to store, a statement a pack (one a channel, nearly always: no array of texts to
+            # quote), sent with the writes of the tick (or of the next batch): no round trip of its own. Sent as
+            # the batch commits, in the order queued.
+            await asyncio.gather(*(self.storage._write(self._sql_for(channel), (channel, pack))
+                                   for channel, pack in _packed(batch)))
             return
         async with self.storage.pool.connection() as conn, conn.transaction():
             payloads = []
-            for text in batch:
+            for channel, text in batch:
                 if len(text.encode()) > _NOTIFY_LIMIT:
                     cursor = await conn.execute("INSERT INTO notifications (payload) VALUES (%s) RETURNING id", (text,))
                     text = json.dumps({"ref": (await cursor.fetchone())[0]})  # type: ignore[index]
-                payloads.append(text)
-            for pack in _packed(payloads):
-                await conn.execute(_NOTIFY, (self.channel, pack))
+                payloads.append((channel, text))
+            for channel, pack in _packed(payloads):
+                await conn.execute(self._sql_for(channel), (channel, pack))
+
+    def _sql_for(self, channel: str) -> str:
+        return _NOTIFY if channel == self.channel else _NOTIFY_LISTENERS
 
     async def _listen_forever(self, listening: asyncio.Future[None]) -> None:
         delay = _RETRY_FIRST
         while True:
             try:
                 async with await AsyncConnection.connect(self.storage.url, autocommit=True) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    listened: set[str] = set()
+                    await conn.execute(sql.SQL("LISTEN {}; {}").format(sql.Identifier(self.channel),
+                                                                       sql.SQL(_GONE_LISTENERS)))
+                    await self._listen_to_topics(conn, listened)
                     if listening.done():  # back after a lost connection: what was sent meanwhile was missed
                         logger.info("listening to the other processes again")
-                        self._receive(MISSED)
+                        self._received.put_nowait(None)
                     else:
                         listening.set_result(None)
                     delay = _RETRY_FIRST
-                    async for note in conn.notifies():
-                        await self._deliver(note.payload)
+                    await self._hear(conn, listened)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -1241,6 +1298,76 @@ class PostgresCoordinator(Coordinator):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
 
+    async def _hear(self, conn: AsyncConnection[Any], listened: set[str]) -> None:
+        """Queue what the connection hears, for ever; listen to topics as they are subscribed to, and no more to
+        those that are not (psycopg's ``notifies()`` holds the connection: it is stopped to change them)."""
+        while True:
+            if self._topics_changed.is_set():
+                await self._listen_to_topics(conn, listened)
+            reading = asyncio.ensure_future(self._read(conn))
+            changed = asyncio.ensure_future(self._topics_changed.wait())
+            try:
+                await asyncio.wait((reading, changed), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                reading.cancel()
+                changed.cancel()
+                await asyncio.gather(reading, changed, return_exceptions=True)
+            error = None if reading.cancelled() else reading.exception()
+            if error is not None:
+                raise error
+
+    async def _read(self, conn: AsyncConnection[Any]) -> None:
+        # What has come (kept by psycopg if it came with a command), then a wait for the socket. Not notifies()'s
+        # own wait: it wakes ten times a second to look (2.4 ms/s of CPU for a process doing nothing). Stopped
+        # (cancelled) only while waiting, so nothing read is lost.
+        loop = asyncio.get_running_loop()
+        while True:
+            async for note in conn.notifies(timeout=0):
+                self._received.put_nowait(note.payload)
+            readable = loop.create_future()
+            loop.add_reader(conn.fileno(), _set_once, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(conn.fileno())
+
+    async def _listen_to_topics(self, conn: AsyncConnection[Any], listened: set[str]) -> None:
+        """LISTEN to the channels of the topics subscribed to, UNLISTEN to the others'; tell the subscribers."""
+        self._topics_changed.clear()
+        wanted = {self._channel_of(topic): topic for topic in self._subscribed}
+        gone = listened - wanted.keys()
+        if gone:
+            await conn.execute(sql.SQL("DELETE FROM listeners WHERE pid = pg_backend_pid() AND channel IN ({}); {}")
+                               .format(sql.SQL(", ").join(map(sql.Literal, gone)),
+                                       sql.SQL("; ").join(sql.SQL("UNLISTEN {}").format(sql.Identifier(c))
+                                                          for c in gone)))
+            listened -= gone
+        for channel in wanted.keys() - listened:
+            # A transaction a channel (it holds the channel's lock alone: waiting for another's with one held
+            # could deadlock with a sender's batch), its LISTEN in effect as it commits, with its row.
+            await conn.execute(sql.SQL(
+                "SELECT pg_advisory_xact_lock({lock}, hashtext({channel})); "
+                "INSERT INTO listeners VALUES ({channel}, pg_backend_pid()) ON CONFLICT DO NOTHING; LISTEN {name}")
+                .format(lock=sql.Literal(_LISTENER_LOCK), channel=sql.Literal(channel), name=sql.Identifier(channel)))
+            listened.add(channel)
+        for topic in wanted.values():
+            heard = self._heard.get(topic)
+            if heard is not None and not heard.done():
+                heard.set_result(None)
+
+    async def _deliver_forever(self) -> None:
+        while True:
+            payload = await self._received.get()
+            if payload is None:
+                self._receive(MISSED)
+                continue
+            try:
+                await self._deliver(payload)
+            except StorageUnavailableError:  # a big message's payload could not be read
+                self._receive(MISSED)
+            except Exception:
+                logger.exception("cannot read a message from another process: %r", payload[:200])
+
     async def _deliver(self, payload: str) -> None:
         found = json.loads(payload)
         for message in found if isinstance(found, list) else [found]:  # a pack, or a message alone
@@ -1252,20 +1379,32 @@ class PostgresCoordinator(Coordinator):
             self._receive(message)
 
 
-def _packed(messages: list[str]) -> list[str]:
-    """``messages`` (JSON texts, each within the limit) joined as JSON arrays of at most ``_NOTIFY_LIMIT`` bytes."""
-    packs: list[str] = []
+# Listeners whose connection is gone (their process died): messages to their channels are sent for nothing.
+_GONE_LISTENERS = "DELETE FROM listeners l WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.pid)"
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _packed(messages: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``messages`` (channel, JSON text within the limit) joined as JSON arrays of at most ``_NOTIFY_LIMIT``
+    bytes, each of one channel's messages in a row (their order kept)."""
+    packs: list[tuple[str, str]] = []
     pack: list[str] = []
     size = 2
-    for text in messages:
+    last = ""
+    for channel, text in messages:
         length = len(text.encode()) + 1
-        if pack and size + length > _NOTIFY_LIMIT:
-            packs.append(f"[{','.join(pack)}]")
+        if pack and (size + length > _NOTIFY_LIMIT or channel != last):
+            packs.append((last, f"[{','.join(pack)}]"))
             pack, size = [], 2
         pack.append(text)
         size += length
+        last = channel
     if pack:
-        packs.append(f"[{','.join(pack)}]")
+        packs.append((last, f"[{','.join(pack)}]"))
     return packs
 
 

@@ -483,20 +483,31 @@ MISSED: dict[str, Any] = {"k": "missed", "w": ""}
 
 
 class Coordinator(abc.ABC):
-    """Messages between every process on one database, this one included, in the order they were sent."""
+    """Messages between the processes on one database, this one included, in the order they were sent: to all of
+    them, or on a topic, to those that subscribed to it."""
 
     @abc.abstractmethod
     async def start(self, receive: Callable[[dict[str, Any]], None]) -> None:
-        """Begin delivering every message (from any process) to ``receive``; after a gap in which
-        messages may have been lost, :data:`MISSED` first."""
+        """Begin delivering the messages (from any process) sent to all and on the topics subscribed to, to
+        ``receive``; after a gap in which messages may have been lost, :data:`MISSED` first."""
 
     @abc.abstractmethod
     async def stop(self) -> None:
         """Send what is queued, then stop."""
 
     @abc.abstractmethod
-    def publish(self, message: dict[str, Any]) -> None:
-        """Queue ``message`` (JSON-able) for every process; sent soon, in order."""
+    def publish(self, message: dict[str, Any], topic: str | None = None) -> None:
+        """Queue ``message`` (JSON-able) for every process, or with a ``topic`` for those subscribed to it;
+        sent soon, in order."""
+
+    @abc.abstractmethod
+    async def subscribe(self, topic: str) -> None:
+        """Receive the messages published on ``topic`` from now on: once this returns, whatever any process
+        publishes there reaches this one. Each call is undone by one :meth:`unsubscribe`."""
+
+    @abc.abstractmethod
+    def unsubscribe(self, topic: str) -> None:
+        """Undo one :meth:`subscribe` (an unsubscribed topic's messages cost this process nothing)."""
 
 
 def pick_claims(candidates: Iterable[RunRow], running_by_key: Mapping[str, int], limit: int) -> list[RunRow]:
