@@ -14,6 +14,7 @@ from runtime_helpers import contents, echo_agent, eventually, looping_agent, run
 
 from backchannel import HumanMessage, ScriptedModel, create_agent, tool
 from backchannel.runtime import LocalRuntime
+from backchannel.runtime.storage import MISSED
 
 MODES = ["values", "updates", "messages-tuple", "custom"]
 
@@ -300,3 +301,22 @@ async def test_a_process_with_no_follower_of_a_thread_hears_nothing_of_its_runs(
     await eventually(lambda: _true(done == [followed["run_id"]]), timeout=10)
     follower.cancel()
     assert [m["run"] for m in heard if m["k"] == "created"] == [followed["run_id"]]
+
+
+async def test_a_thread_follower_finds_a_run_made_elsewhere_while_its_runtime_could_not_hear(runtimes):
+    """Messages lost while a runtime's listening connection was down (it says so once back): its thread followers
+    still get the runs made elsewhere meanwhile that are under way."""
+    a, b = await runtimes(echo_agent(latency=1.0))
+    tid = (await a.threads.create())["thread_id"]
+    done: list[str] = []
+    follower = asyncio.create_task(_follow_runs(b.threads.join_stream(tid), done))
+    await eventually(lambda: _true(bool(b.peers.coordinator._subscribed)), timeout=10)
+    await asyncio.sleep(0.5)  # the follower has attached
+    receive = b.peers.coordinator._receive
+    b.peers.coordinator._receive = lambda message: None if message["k"] == "created" else receive(message)  # lost
+    run = await a.runs.create(tid, "agent", input=user("unheard"))
+    await asyncio.sleep(0.3)
+    receive(MISSED)  # what the coordinator delivers once it listens again
+    await asyncio.wait_for(a.runs.join(tid, run["run_id"]), 10)
+    await eventually(lambda: _true(done == [run["run_id"]]), timeout=10)
+    follower.cancel()

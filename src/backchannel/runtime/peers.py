@@ -244,6 +244,17 @@ class Peers:
         self._missed()
         for run_id, feed in self._remote.items():
             self._watch(run_id, feed)
+        for thread_id in self.streams.watched_threads():  # runs made elsewhere meanwhile: those under way
+            self._spawn(self._announce_active(thread_id))
+
+    async def _announce_active(self, thread_id: str) -> None:
+        try:
+            rows = await self.storage.active_runs(thread_id)
+        except StorageUnavailableError:
+            return  # gone again: another MISSED comes once it is back
+        for row in rows:
+            if self.streams.get(row.run_id) is None or self.follows(row.run_id):  # not made here: followed
+                self.streams.announce(row, self.follow(row, values=True))  # a thread's follower takes each once
 
     def _on_watch(self, message: dict[str, Any]) -> None:
         run_id = message["run"]
