@@ -14,7 +14,7 @@ import copy
 import operator
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from backchannel._ids import new_id
@@ -656,18 +656,21 @@ class MemoryStorage(Storage):
         return True
 
 
+@dataclass(slots=True)
 class _Kept:
     """A checkpoint as this store keeps it, its row made again when read (a thousand live threads keep several
     each): the delta of a step that wrote one message is that message, bare (no dict and list around it)."""
 
-    __slots__ = ("thread_id", "checkpoint_id", "parent_id", "seq", "run_id", "delta", "next", "metadata",
-                 "created_at", "whole")
-
-    def __init__(self, thread_id: str, checkpoint_id: str, parent_id: str | None, seq: int, run_id: str | None,
-                 delta: Any, next: str, metadata: dict[str, Any], created_at: str, whole: bool) -> None:
-        self.thread_id, self.checkpoint_id, self.parent_id, self.seq, self.run_id = (
-            thread_id, checkpoint_id, parent_id, seq, run_id)
-        self.delta, self.next, self.metadata, self.created_at, self.whole = delta, next, metadata, created_at, whole
+    thread_id: str
+    checkpoint_id: str
+    parent_id: str | None
+    seq: int
+    run_id: str | None
+    delta: Any
+    next: str
+    metadata: dict[str, Any]
+    created_at: str
+    whole: bool
 
 
 def _packed_delta(delta: Mapping[str, Any]) -> Any:

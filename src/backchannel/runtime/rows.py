@@ -139,9 +139,7 @@ class Delta(Mapping[str, Any]):
 
 def delta_text(delta: Mapping[str, Any]) -> str:
     """A checkpoint's delta as stored: its JSON text (its size is what reading it back costs)."""
-    if isinstance(delta, Delta):
-        return delta.text
-    return dumps(delta)
+    return delta.text if isinstance(delta, Delta) else dumps(delta)
 
 
 @dataclass(slots=True)
