@@ -87,10 +87,13 @@ class RunSpan:
         self.otel: Any = None
 
 
+_PER_CALL = 7  # entries of Trace.calls a finished call takes
+
+
 class Trace:
     """The spans of one run and of the subagents it runs to completion (their contexts share it).
 
-    While the run goes on, a finished call is seven entries of ``calls``, ``kind, run, start, end,
+    While the run goes on, a finished call is ``_PER_CALL`` entries of ``calls``, ``kind, run, start, end,
     subject, outcome, error`` (the model's name and its reply, or the tool call and its result
     message): no tuple per call, since a thousand live subagents each keep theirs. What they mean
     (statuses, usage) is worked out when asked, so a step costs little.
@@ -154,7 +157,7 @@ class Trace:
         """The tokens of ``run``'s model calls and its subagents' (these also by subagent)."""
         total = empty_usage()
         calls = self.calls
-        for kind, owner, reply in zip(calls[::7], calls[1::7], calls[5::7]):
+        for kind, owner, reply in zip(calls[::_PER_CALL], calls[1::_PER_CALL], calls[5::_PER_CALL]):
             if kind != _MODEL or reply is None:
                 continue
             if owner is run:
@@ -211,7 +214,7 @@ class Trace:
     def _each_call(self) -> Iterator[tuple[Any, ...]]:
         """The finished calls as ``(kind, run, start, end, subject, outcome, error)``."""
         calls = self.calls
-        return zip(*(calls[i::7] for i in range(7)))
+        return zip(*(calls[i::_PER_CALL] for i in range(_PER_CALL)))
 
     # -- reading them out
 
