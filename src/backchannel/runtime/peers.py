@@ -236,7 +236,11 @@ class Peers:
         except StorageUnavailableError:
             return  # the database is gone: the run cannot start either until it is back
         if row is not None:  # ended already, it is shown all the same: its executor sends how it ended
-            self.streams.announce(row, self.follow(row, values=True))  # values: a follower may want them
+            self._show_followed(row)
+
+    def _show_followed(self, row: RunRow) -> None:
+        """Show a run made elsewhere to this process's followers of its thread (each takes it once)."""
+        self.streams.announce(row, self.follow(row, values=True))  # values: a follower may want them
 
     def _on_missed(self, message: dict[str, Any]) -> None:
         """Messages were lost while the connection was down: look again for what they may have said."""
@@ -254,7 +258,7 @@ class Peers:
             return  # gone again: another MISSED comes once it is back
         for row in rows:
             if self.streams.get(row.run_id) is None or self.follows(row.run_id):  # not made here: followed
-                self.streams.announce(row, self.follow(row, values=True))  # a thread's follower takes each once
+                self._show_followed(row)
 
     def _on_watch(self, message: dict[str, Any]) -> None:
         run_id = message["run"]
