@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -13,7 +14,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from backchannel import create_agent
+from backchannel.models.base import ChatModel, FinishDelta, TextDelta
 from backchannel.runtime import LocalRuntime, assistant_id_for
 from backchannel.server import create_app
 
@@ -170,4 +174,64 @@ async def test_middleware_added_to_the_app_sees_every_body_a_run_stream_sends(tm
                 "stream_mode": ["messages-tuple", "values"]})
     assert response.status_code == 200
     assert response.text.count("event: messages") > 3 and "event: values" in response.text
+    assert b"".join(seen).decode() == response.text
+
+
+class Trickle(ChatModel):
+    """Streams 20 tokens, each in a turn of the event loop of its own."""
+
+    async def stream(self, request: Any) -> Any:
+        for token in range(20):
+            await asyncio.sleep(0.005)
+            yield TextDelta(f"t{token} ")
+        yield FinishDelta(None, "stop", {}, None)
+
+
+def _stream_tokens(text: str) -> list[str]:
+    return [json.loads(frame.partition("data: ")[2])[0]["content"] for frame in text.split("\r\n\r\n")
+            if frame.startswith("event: messages\r\n")]
+
+
+async def test_a_run_streams_its_tokens_to_the_connection_without_an_asgi_message_each(tmp_path, monkeypatch):
+    # A streamed token is the server's most frequent write: it goes to the connection as uvicorn's send would write
+    # it (the same chunked bytes), without a message and a coroutine through send for each.
+    bodies: list[dict[str, Any]] = []
+    send = RequestResponseCycle.send
+
+    async def counted(self: RequestResponseCycle, message: Any) -> None:
+        if message["type"] == "http.response.body":
+            bodies.append(message)
+        await send(self, message)
+
+    monkeypatch.setattr(RequestResponseCycle, "send", counted)
+    runtime = LocalRuntime(f"sqlite:///{tmp_path}/state.db", {"trickle": create_agent(Trickle(), name="trickle")})
+    with ThreadServer(create_app(runtime)) as live:
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            response = await http.post("/runs/stream", json={
+                "assistant_id": "trickle", "input": {"messages": [{"role": "user", "content": "go"}]},
+                "stream_mode": ["messages-tuple"]})
+    assert response.status_code == 200
+    assert [t for t in _stream_tokens(response.text) if t] == [f"t{token} " for token in range(20)]
+    assert [message.get("more_body", False) for message in bodies] == [False]  # the response's end only
+
+
+async def test_a_wrapper_around_the_app_sees_every_body_a_run_stream_sends(tmp_path):
+    # As middleware added to the app (above), an ASGI app wrapping it gets every body through its send.
+    seen: list[bytes] = []
+    app = create_app(LocalRuntime(f"sqlite:///{tmp_path}/state.db", {"trickle": create_agent(Trickle(), name="t")}))
+
+    async def wrapper(scope: Any, receive: Any, send: Any) -> None:
+        async def recording(message: Any) -> None:
+            if message["type"] == "http.response.body":
+                seen.append(message.get("body", b""))
+            await send(message)
+
+        await app(scope, receive, recording)
+
+    with ThreadServer(wrapper) as live:
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            response = await http.post("/runs/stream", json={
+                "assistant_id": "trickle", "input": {"messages": [{"role": "user", "content": "go"}]},
+                "stream_mode": ["messages-tuple"]})
+    assert response.status_code == 200 and len([t for t in _stream_tokens(response.text) if t]) == 20
     assert b"".join(seen).decode() == response.text

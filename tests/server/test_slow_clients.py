@@ -337,6 +337,37 @@ def test_a_thread_follower_gets_a_burst_of_tokens_in_two_writes(tmp_path):
                                         for chunk in ([f"{burst}.0 "], [f"{burst}.{token} " for token in range(1, 5)])]
 
 
+class BigBursts(ChatModel):
+    """Streams 60 bursts of 5 tokens of 50 KB each, the tokens of a burst at once: 15 MB, far more than sockets hold."""
+
+    async def stream(self, request: Any) -> AsyncIterator[Any]:
+        for burst in range(60):
+            await asyncio.sleep(0)
+            for token in range(5):
+                yield TextDelta(f"{burst}.{token}:" + "x" * 50_000 + " ")
+        yield FinishDelta(None, "stop", {}, None)
+
+
+def test_a_reader_that_falls_behind_mid_burst_gets_every_token_in_order(tmp_path):
+    """The rest of a burst, sent at the end of the loop's turn, meets a connection that takes no more (its reader
+    reads nothing for a while): it waits its turn with the others, and the reader gets every token once, in order."""
+    runtime = LocalRuntime(f"sqlite:///{tmp_path / 'db'}", {"big": create_agent(BigBursts(), name="big")})
+    with ThreadServer(create_app(runtime, client_timeout=60), client_timeout=60) as server:
+        tid = httpx.post(f"{server.url}/threads", json={}).json()["thread_id"]
+        sock = raw_stream(server.url, tid, {"assistant_id": "big", "input": user("go"),
+                                            "stream_mode": ["messages-tuple"]})
+        try:
+            until(lambda: httpx.get(f"{server.url}/threads/{tid}/runs").json() != [], 10, "the run was not made")
+            until(lambda: run_status(server.url, tid) == "success", 60, "the run waited for its reader")
+            _head, body = read_response(sock, timeout=60)
+        finally:
+            sock.close()
+    tokens = [json.loads(frame.partition("data: ")[2])[0]["content"] for frame in body.decode().split("\r\n\r\n")
+              if frame.startswith("event: messages\r\n")]
+    assert [token.partition(":")[0] for token in tokens if token] == [
+        f"{burst}.{token}" for burst in range(60) for token in range(5)]
+
+
 def _tokens_by_write(chunks: list[bytes]) -> list[list[str]]:
     """The tokens of the messages-tuple events in each chunk (one write of the server's) that has any."""
     with_tokens = []

@@ -9,20 +9,28 @@ its first byte (or the connection's opening) to its last header, whatever it
 trickles in meanwhile, and aborts a connection whose client leaves the
 server's writes unread that long. :func:`server_config` builds uvicorn's
 configuration with it, for ``serve`` and the tests alike.
+
+The protocol also leaves in each request's scope (:data:`BODY_WRITE`) a function writing a
+chunk of the response's body straight to the connection, as uvicorn's ``send`` would (its
+chunked framing, the same bytes), for a streamed response's many small chunks: a token's
+chunk then costs one call, not an ASGI message and a coroutine. It writes only what ``send``
+would write at once; whenever ``send`` would wait (the client does not keep up) or do more,
+it declines and the caller sends as usual.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-__all__ = ["DEFAULT_CLIENT_TIMEOUT", "limited_protocol", "server_config"]
+__all__ = ["BODY_WRITE", "DEFAULT_CLIENT_TIMEOUT", "BodyWrite", "limited_protocol", "server_config"]
 
 DEFAULT_CLIENT_TIMEOUT = 10.0
+BODY_WRITE = "backchannel.body_write"  # the scope key of the request's BodyWrite
 logger = logging.getLogger("backchannel.server")
 _LATE = b"the request's headers took too long to come"
 _TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
@@ -49,6 +57,9 @@ class _LimitedProtocol(HttpToolsProtocol):
         _cancel(self._headers_due)
         self._headers_due = None
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # (not an upgrade: a websocket's is another protocol)
+            cast("dict[str, Any]", self.scope)[BODY_WRITE] = BodyWrite(cycle)  # (an ASGI scope has room for more)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -79,6 +90,26 @@ class _LimitedProtocol(HttpToolsProtocol):
         logger.warning("%s:%s left the server's writes unread for %s s: disconnected",
                        *(self.client or ("?", "?")), self.client_timeout)
         self.transport.abort()
+
+
+class BodyWrite:
+    """Writes a chunk of a request's response body (more to come) straight to its connection, as uvicorn's
+    ``send`` (``send``) would; returns ``False``, writing nothing, whenever ``send`` would not simply write it
+    (the client does not keep up, the response has not started or has ended, or is not chunked: a HEAD's)."""
+
+    __slots__ = ("cycle", "send")
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self.cycle = cycle
+        self.send = cycle.send  # what it stands for: a caller given another send (a wrapper) must not use it
+
+    def __call__(self, body: bytes) -> bool:
+        cycle = self.cycle
+        if (cycle.flow.write_paused or cycle.disconnected or not cycle.response_started or cycle.response_complete
+                or not cycle.chunked_encoding or not body):
+            return False
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))  # uvicorn's chunk, the same bytes
+        return True
 
 
 def _cancel(timer: asyncio.TimerHandle | None) -> None:

@@ -21,7 +21,9 @@ in a task, and the run's stream keeps what comes meanwhile.
 A response's body goes to the server's own ``send`` when the app put it in the
 scope (:data:`BODY_SEND`: it does while its middleware is its own, which acts on
 a response's start, CORS headers and errors before it, and passes each body
-message on unchanged); else through the middleware, as any response's.
+message on unchanged); else through the middleware, as any response's. A pushed
+chunk goes straight to the connection when the server's protocol offers that
+(:data:`~backchannel.server.connections.BODY_WRITE`) for that same ``send``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from starlette.types import Message, Receive, Scope, Send
 from backchannel.errors import BackchannelError
 from backchannel.runtime.modes import StreamPart
 from backchannel.runtime.streams import Batches
+from backchannel.server.connections import BODY_WRITE, BodyWrite
 from backchannel.server.routing import render_json
 
 __all__ = ["BODY_SEND", "SSE_HEARTBEAT", "OpenStreams", "PushedChunks", "StreamingBody", "Write", "encode_event",
@@ -179,6 +182,7 @@ class StreamingBody:
         self._stalled = False  # the client left a chunk unread too long: the sender was stopped
         # Pushed chunks: the body's send, the task finishing a send that had to wait, and what queued behind it
         self._send_body: Send | None = None
+        self._write: BodyWrite | None = None  # the connection's, when the body's send is the server's own
         self._writer: asyncio.Task[None] | None = None
         self._queued: list[bytes] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -195,7 +199,11 @@ class StreamingBody:
         if self.counter is not None:
             self.counter.count += 1
         try:
-            await self._respond(receive, send, scope.get(BODY_SEND, send))
+            send_body = scope.get(BODY_SEND, send)
+            write = scope.get(BODY_WRITE)
+            if write is not None and write.send == send_body:
+                self._write = write
+            await self._respond(receive, send, send_body)
         finally:
             if self.counter is not None:
                 self.counter.count -= 1
@@ -295,9 +303,9 @@ class StreamingBody:
         turn = self._turns.now()
         if turn != self._turn:
             self._turn = turn
-            return self._context.run(self._send_now, chunk)  # in the request's context, not the publisher's
+            return self._send_now(chunk)
         corked.append(chunk)
-        self._loop.call_soon(self._send_corked, context=self._context)
+        self._loop.call_soon(self._send_corked)
         return None
 
     def _send_corked(self) -> None:
@@ -309,11 +317,17 @@ class StreamingBody:
 
     def _send_now(self, chunk: bytes) -> asyncio.Future[None] | None:
         """Send ``chunk`` at once while the connection takes it, else in a task (returned)."""
-        assert self._send_body is not None and self._loop is not None
+        assert self._loop is not None and self._context is not None
         if self._writer is not None:  # (the response's end, while a send waits)
             self._queued.append(chunk)
             return self._writer
         self._since = self._loop.time()
+        if self._write is not None and self._write(chunk):  # straight to the connection
+            return None
+        return self._context.run(self._step_send, chunk)  # in the request's context, not the publisher's
+
+    def _step_send(self, chunk: bytes) -> asyncio.Future[None] | None:
+        assert self._send_body is not None and self._loop is not None
         step = self._send_body({"type": "http.response.body", "body": chunk, "more_body": True}).__await__()
         # A send the connection takes at once ends in its first step. Stepped by a loop, not send(None): its end
         # raises no StopIteration (a quarter of a microsecond a chunk).
