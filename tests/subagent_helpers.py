@@ -29,6 +29,27 @@ def call(name: str, args: Mapping[str, Any] | None = None, id: str | None = None
     return out
 
 
+def stack_looker(result: str) -> tuple[Any, list[str]]:
+    """A tool answering ``result`` that notes the qualified names of the frames it runs under (innermost first):
+    what each live call holds suspended while a tool runs."""
+    import sys
+
+    from backchannel import tool
+
+    names: list[str] = []
+
+    @tool
+    async def look() -> str:
+        """Look at who waits for this call."""
+        frame = sys._getframe()
+        while frame is not None:
+            names.append(frame.f_code.co_qualname)
+            frame = frame.f_back
+        return result
+
+    return look, names
+
+
 def start(subagent: str, description: str, id: str) -> dict[str, Any]:
     return call("start_async_task", {"description": description, "subagent_type": subagent}, id)
 

@@ -8,6 +8,7 @@ import time
 from typing import Annotated, TypedDict
 
 import pytest
+from subagent_helpers import stack_looker
 
 from backchannel import (
     AIMessage,
@@ -21,6 +22,7 @@ from backchannel import (
     ToolResult,
     after_agent,
     after_model,
+    after_tool_call,
     before_agent,
     before_model,
     create_agent,
@@ -78,6 +80,10 @@ class Recorder(Middleware):
         self.log.append(f"{self.tag}.wrap_tool_call<")
         return result
 
+    async def after_tool_call(self, request, result):
+        self.log.append(f"{self.tag}.after_tool_call")
+        return result
+
     async def after_agent(self, state, ctx):
         self.log.append(f"{self.tag}.after_agent")
 
@@ -105,6 +111,7 @@ async def test_hook_order_is_exact():
         "A.before_agent", "B.before_agent",
         *model_turn,
         "A.wrap_tool_call>", "B.wrap_tool_call>", "tool", "B.wrap_tool_call<", "A.wrap_tool_call<",
+        "B.after_tool_call", "A.after_tool_call",
         *model_turn,
         "B.after_agent", "A.after_agent",
     ]
@@ -535,6 +542,109 @@ async def test_wrap_tool_call_sees_unknown_tools_and_may_return_a_tool_result():
     assert seen == [("ad", None)]
     assert state["fallbacks"] == 1
     assert [m.text for m in state["messages"] if m.type == "tool"] == ["no such tool, try 'add'"]
+
+
+# -- after_tool_call -------------------------------------------------------------------------------
+
+
+async def test_after_tool_call_sees_each_result_last_registered_first_and_may_replace_it():
+    seen = []
+
+    class Tag(Middleware):
+        def __init__(self, tag):
+            self.tag = tag
+
+        async def after_tool_call(self, request, result):
+            seen.append((self.tag, request.call["name"], request.call["id"], result.content))
+            return ToolMessage(f"{self.tag}({result.content})", result.tool_call_id, result.name)
+
+    model = recording([{"tool_calls": [call("add", {"a": 1, "b": 2})]}, "ok"])
+    state = await create_agent(model, [add], middleware=[Tag("outer"), Tag("inner")]).ainvoke("hi")
+    assert seen == [("inner", "add", "call_1", "3"), ("outer", "add", "call_1", "inner(3)")]
+    assert [m.text for m in state["messages"] if m.type == "tool"] == ["outer(inner(3))"]
+    assert model.requests[1].messages[-1].text == "outer(inner(3))"  # what the model was told
+
+
+async def test_after_tool_call_may_return_a_tool_result_with_a_state_update():
+    @after_tool_call
+    async def count(request, result):
+        return ToolResult(result.content, update={"counted": request.call["name"]})
+
+    state = await create_agent(ScriptedModel([{"tool_calls": [call("add", {"a": 1, "b": 1})]}, "ok"]), [add],
+                               middleware=[count]).ainvoke("hi")
+    assert state["counted"] == "add"
+    tool_messages = [m for m in state["messages"] if m.type == "tool"]
+    assert [(m.text, m.tool_call_id, m.status) for m in tool_messages] == [("2", "call_1", "success")]
+
+
+async def test_after_tool_call_sees_error_results_and_each_call_of_a_batch():
+    seen = []
+
+    @after_tool_call
+    def note(request, result):  # a sync function works as well
+        seen.append((request.call["id"], result.status, result.text[:30]))
+        return result
+
+    @tool
+    def broken() -> str:
+        """Fails."""
+        raise RuntimeError("disk on fire")
+
+    reply = {"tool_calls": [call("add", {"a": 1, "b": 1}, id="c1"), call("broken", id="c2"),
+                            call("nope", id="c3")]}
+    await create_agent(ScriptedModel([reply, "ok"]), [add, broken], middleware=[note]).ainvoke("hi")
+    assert sorted(seen) == [("c1", "success", "2"), ("c2", "error", "Error: tool 'broken' failed: R"),
+                            ("c3", "error", "Error: there is no tool named ")]
+
+
+async def test_after_tool_call_error_names_the_middleware_and_stops_the_later_hooks():
+    ran, log = [], []
+
+    @tool
+    def work() -> str:
+        """Work."""
+        ran.append("work")
+        return "done"
+
+    class Broken(Middleware):
+        async def after_tool_call(self, request, result):
+            raise KeyError("lost the result")
+
+    agent = create_agent(ScriptedModel([{"tool_calls": [call("work")]}, "x"]), [work],
+                         middleware=[Recorder("first", log), Broken()])
+    with pytest.raises(MiddlewareError) as err:
+        await agent.ainvoke("hi")
+    assert (err.value.middleware, err.value.hook) == ("Broken", "after_tool_call")
+    assert isinstance(err.value.error, KeyError) and "lost the result" in str(err.value)
+    assert ran == ["work"]
+    assert "first.after_tool_call" not in log  # it would have run after Broken's
+
+
+async def test_after_tool_call_must_return_a_result():
+    @after_tool_call
+    async def forgetful(request, result):
+        result.content = "changed"  # but returns nothing
+
+    agent = create_agent(ScriptedModel([{"tool_calls": [call("add", {"a": 1, "b": 1})]}, "x"]), [add],
+                         middleware=[forgetful])
+    with pytest.raises(MiddlewareError) as err:
+        await agent.ainvoke("hi")
+    assert (err.value.middleware, err.value.hook) == ("forgetful", "after_tool_call")
+    assert isinstance(err.value.error, TypeError) and "NoneType" in str(err.value)
+
+
+async def test_after_tool_call_holds_no_frame_while_the_tool_runs():
+    """A tool call awaited by a thousand live subagents: each frame held under it is held a thousand times."""
+    look, stack = stack_looker("seen")
+
+    class Tagged(Middleware):
+        async def after_tool_call(self, request, result):
+            return ToolMessage(f"tagged {result.content}", result.tool_call_id, result.name)
+
+    state = await create_agent(ScriptedModel([{"tool_calls": [call("look")]}, "ok"]), [look],
+                               middleware=[Tagged()]).ainvoke("hi")
+    assert [m.text for m in state["messages"] if m.type == "tool"] == ["tagged seen"]
+    assert "Agent._tool_call" in stack and not [name for name in stack if name.endswith("after_tool_call")]
 
 
 # -- context propagation ---------------------------------------------------------------------------

@@ -119,7 +119,7 @@ class Agent:
                 raise ValueError(f"agent {self.graph_name!r} has two tools named {t.name!r}")
             tools[t.name] = t
         hooks = {h: [(mw.name, getattr(mw, h)) for mw in self.middleware if overrides(mw, h)] for h in HOOKS}
-        for h in ("after_model", "after_agent", "on_end"):
+        for h in ("after_model", "after_tool_call", "after_agent", "on_end"):
             hooks[h].reverse()
         prompts = [self.system_prompt, *(mw.system_prompt for mw in self.middleware)]
         reducers = reducers_of(self.state_schema)
@@ -498,13 +498,17 @@ class Agent:
             else:
                 # The interrupt scope covers wrap_tool_call middleware too (e.g. an approval step).
                 scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
+                request = ToolCallRequest(call, tool, state, ctx)
                 try:
-                    result = await plan.call_tool(ToolCallRequest(call, tool, state, ctx))
+                    result = await plan.call_tool(request)
                 except Exception as exc:  # the outermost layer's, named here (that layer has no frame of its own)
                     error = _middleware_error(plan.tool_layer, "wrap_tool_call", exc)
                     if error is None:
                         raise
                     raise error from exc
+                else:
+                    if plan.hooks["after_tool_call"]:
+                        result = await _after_tool_call(plan.hooks["after_tool_call"], request, result)
                 finally:
                     current_scope.reset(scope)
             update, direct, message = _tool_update(result, call, tool)
@@ -884,6 +888,23 @@ def _layer(hook: str, mw_name: str, fn: Any, inner: Any) -> Any:
             raise error from exc
 
     return layer
+
+
+async def _after_tool_call(hooks: list[tuple[str, Any]], request: ToolCallRequest,
+                           result: ToolMessage | ToolResult) -> ToolMessage | ToolResult:
+    """``result`` through each ``after_tool_call`` hook in turn, each getting the one before's answer."""
+    for mw_name, fn in hooks:
+        try:
+            result = await fn(request, result)
+        except Exception as exc:
+            error = _middleware_error(mw_name, "after_tool_call", exc)
+            if error is None:
+                raise
+            raise error from exc
+        if not isinstance(result, (ToolMessage, ToolResult)):
+            raise MiddlewareError(mw_name, "after_tool_call", TypeError(
+                f"after_tool_call must return a ToolMessage or ToolResult, got {type(result).__name__}"))
+    return result
 
 
 def _middleware_error(mw_name: str | None, hook: str, exc: Exception) -> MiddlewareError | None:

@@ -5,6 +5,9 @@ no-ops and cost nothing (the agent only calls hooks a class overrides).
 
 Order: ``before_*`` hooks run in registration order, ``after_*`` hooks in
 reverse, and for ``wrap_*`` hooks the first registered is the outermost.
+``after_tool_call`` sees a tool call's result once the ``wrap_tool_call``
+chain has returned it; unlike a wrapper it keeps no frame waiting while the
+tool runs (a thousand subagents waiting on tools would hold a thousand).
 A hook that raises stops the remaining handlers and fails the run
 (:class:`~backchannel.errors.MiddlewareError` names the middleware and hook).
 
@@ -43,6 +46,7 @@ __all__ = [
     "ToolHandler",
     "after_agent",
     "after_model",
+    "after_tool_call",
     "before_agent",
     "before_model",
     "on_end",
@@ -70,8 +74,8 @@ class ToolCallRequest:
 ModelHandler = Callable[[ModelRequest], Awaitable[AIMessage]]
 ToolHandler = Callable[[ToolCallRequest], Awaitable[ToolMessage | ToolResult]]
 
-HOOKS = ("before_agent", "before_model", "wrap_model_call", "after_model", "wrap_tool_call", "after_agent",
-         "on_end")
+HOOKS = ("before_agent", "before_model", "wrap_model_call", "after_model", "wrap_tool_call", "after_tool_call",
+         "after_agent", "on_end")
 
 # Where each hook may send the run with "jump_to".
 JUMPS: dict[str, frozenset[str]] = {
@@ -118,6 +122,11 @@ class Middleware:
     async def wrap_tool_call(self, request: ToolCallRequest, handler: ToolHandler) -> ToolMessage | ToolResult:
         """Around every tool call, including unknown tools and bad arguments."""
         return await handler(request)
+
+    async def after_tool_call(self, request: ToolCallRequest,
+                              result: ToolMessage | ToolResult) -> ToolMessage | ToolResult:
+        """After every tool call wrap_tool_call saw, with its result: return it, or the result to use instead."""
+        return result
 
     async def after_agent(self, state: Mapping[str, Any], ctx: RunContext) -> StateUpdate:
         """Once, when the run succeeds: a final answer, a return-direct tool, or a jump to the end.
@@ -178,5 +187,6 @@ before_model = _function_middleware("before_model")
 wrap_model_call = _function_middleware("wrap_model_call")
 after_model = _function_middleware("after_model")
 wrap_tool_call = _function_middleware("wrap_tool_call")
+after_tool_call = _function_middleware("after_tool_call")
 after_agent = _function_middleware("after_agent")
 on_end = _function_middleware("on_end")

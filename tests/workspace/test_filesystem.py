@@ -1,6 +1,6 @@
 """The file tools' arguments and results (deepagents'), parallel writes, and large results moved to files."""
 
-from subagent_helpers import call
+from subagent_helpers import call, stack_looker
 
 from backchannel import ScriptedModel, create_agent, tool
 from backchannel.workspace import FILE_TOOLS, FilesystemMiddleware, LocalShellBackend, StateBackend
@@ -139,3 +139,14 @@ async def test_a_large_tool_result_goes_to_a_file_and_the_model_gets_its_path_an
                                    "2501  report line 2501\n2502  report line 2502"
     # What the model saw in its next call was the pointer, not the report.
     assert model.requests[1].messages[-1].text == pointer
+
+
+async def test_a_tool_runs_with_no_frame_of_the_filesystem_middleware_waiting_on_it():
+    """The eviction looks at the result only (``after_tool_call``): a thousand live subagents each waiting on a
+    tool would otherwise hold a thousand suspended frames of it."""
+    look, waiting = stack_looker("x" * 5000)
+    _, results, _ = await run({"tool_calls": [call("look", {}, "big")]}, tools=[look],
+                              middleware=FilesystemMiddleware(tool_token_limit_before_evict=1000))
+    assert results["big"].text.startswith("Tool result too large")  # still evicted
+    assert any(name.endswith("_tool_call") for name in waiting)
+    assert not [name for name in waiting if name.startswith("FilesystemMiddleware.")]

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from backchannel.messages import AIMessage, ToolMessage
-from backchannel.middleware import Middleware, ToolCallRequest, ToolHandler
+from backchannel.middleware import Middleware, ToolCallRequest
 from backchannel.tools import Tool, ToolError, ToolResult, ToolRuntime
 from backchannel.workspace._runs import hook_runtime
 from backchannel.workspace._text import create_file_data, validate_path
@@ -258,9 +258,9 @@ class FilesystemMiddleware(Middleware):
 
     # -- large results -------------------------------------------------------------
 
-    async def wrap_tool_call(self, request: ToolCallRequest, handler: ToolHandler) -> ToolMessage | ToolResult:
+    async def after_tool_call(self, request: ToolCallRequest,
+                              result: ToolMessage | ToolResult) -> ToolMessage | ToolResult:
         """A result too large for the context goes to a file; the model gets its path and a preview."""
-        result = await handler(request)
         limit = self.evict_above
         if limit is None:
             return result
