@@ -8,11 +8,13 @@ processes (and ``kill -9``) are in ``test_processes.py``.
 import asyncio
 import time
 from contextlib import AsyncExitStack
+from types import SimpleNamespace
 
+import psycopg
 import pytest
 from runtime_helpers import contents, echo_agent, eventually, looping_agent, run_status_is, user
 
-from backchannel import HumanMessage, ScriptedModel, create_agent, tool
+from backchannel import HumanMessage, ScriptedModel, _clock, create_agent, tool
 from backchannel.runtime import LocalRuntime
 from backchannel.runtime.storage import MISSED
 
@@ -320,3 +322,71 @@ async def test_a_thread_follower_finds_a_run_made_elsewhere_while_its_runtime_co
     await asyncio.wait_for(a.runs.join(tid, run["run_id"]), 10)
     await eventually(lambda: _true(done == [run["run_id"]]), timeout=10)
     follower.cancel()
+
+
+async def test_a_thread_follower_whose_clock_runs_ahead_sees_a_run_made_elsewhere_as_it_attaches(runtimes,
+                                                                                                monkeypatch):
+    """Processes on machines whose clocks disagree by minutes: a follower in a runtime whose clock runs ahead still
+    sees a run made (and ended) in another while it attaches, and every later one, in order."""
+    a, b = await runtimes(echo_agent())
+    tid = (await a.threads.create())["thread_id"]
+    real = time.time
+    monkeypatch.setattr(_clock, "time", SimpleNamespace(time=lambda: real() + 600))  # b's clock as b attaches
+    subscribe = b.peers.coordinator.subscribe
+    meanwhile: list[str] = []
+
+    async def subscribe_late(topic: str) -> None:  # a run is made and ends (a's clock right) before b listens
+        if not meanwhile:
+            monkeypatch.setattr(_clock, "time", time)
+            run = await a.runs.create(tid, "agent", input=user("meanwhile"))
+            await asyncio.wait_for(a.runs.join(tid, run["run_id"]), 10)
+            meanwhile.append(run["run_id"])
+        await subscribe(topic)
+
+    b.peers.coordinator.subscribe = subscribe_late
+    done: list[str] = []
+    follower = asyncio.create_task(_follow_runs(b.threads.join_stream(tid), done))
+    try:
+        await eventually(lambda: _true(len(meanwhile) == 1 and bool(b.peers.coordinator._subscribed)), timeout=10)
+        later = []
+        for i in range(2):
+            later.append((await a.runs.create(tid, "agent", input=user(f"later {i}")))["run_id"])
+            await asyncio.wait_for(a.runs.join(tid, later[-1]), 10)
+        await eventually(lambda: _true(len(done) >= 2), timeout=10)
+        await asyncio.sleep(0.5)  # a run missed at first would not come later either
+    finally:
+        follower.cancel()
+    assert done == [*meanwhile, *later]
+
+
+async def test_a_thread_follower_sees_a_run_made_and_ended_elsewhere_while_its_runtime_could_not_hear(
+        runtimes, postgres_url):
+    """The listening connection of a follower's runtime is cut (its backend terminated), and a run is made and ends
+    in another runtime before that runtime listens again: the follower still sees it, between the runs before
+    and after."""
+    a, b = await runtimes(echo_agent())
+    tid = (await a.threads.create())["thread_id"]
+    done: list[str] = []
+    follower = asyncio.create_task(_follow_runs(b.threads.join_stream(tid), done))
+    try:
+        await eventually(lambda: _true(bool(b.peers.coordinator._subscribed)), timeout=10)
+        before = (await a.runs.create(tid, "agent", input=user("before")))["run_id"]
+        await eventually(lambda: _true(done == [before]), timeout=10)
+        heard = _heard_by(b)
+        async with await psycopg.AsyncConnection.connect(postgres_url) as db, db.transaction():
+            # Reconnecting, b's listener first tidies the listeners table: held off until the run has ended.
+            await db.execute("LOCK TABLE listeners IN EXCLUSIVE MODE")
+            pids = [pid for pid, in await (await db.execute("SELECT DISTINCT pid FROM listeners")).fetchall()]
+            assert len(pids) == 1  # b's, listening to the thread
+            await db.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+            gap = (await a.runs.create(tid, "agent", input=user("in the gap")))["run_id"]
+            await asyncio.wait_for(a.runs.join(tid, gap), 10)
+            await asyncio.sleep(0.3)  # its 'created' would have been heard by now
+        await eventually(lambda: _true(MISSED in heard), timeout=10)
+        assert not [m for m in heard if m.get("run") == gap]  # the gap was real: nothing of the run was heard
+        after = (await a.runs.create(tid, "agent", input=user("after")))["run_id"]
+        await asyncio.wait_for(a.runs.join(tid, after), 10)
+        await eventually(lambda: _true(after in done), timeout=10)
+    finally:
+        follower.cancel()
+    assert done == [before, gap, after]

@@ -12,10 +12,11 @@ own stream modes, opened by ``metadata`` ``{run_id, attempt}`` and closed by
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from backchannel._clock import now_iso
+from backchannel.errors import StorageUnavailableError
 from backchannel.events import Event
 from backchannel.protocols import StreamPart
 from backchannel.runtime.modes import StreamMapper, wants_values
@@ -26,16 +27,19 @@ from backchannel.runtime.wire import render_error, render_run
 
 __all__ = ["THREAD_STREAM_MODES", "Follower", "ThreadRuns", "ThreadStreamMode"]
 
+logger = logging.getLogger("backchannel")
+
 ThreadStreamMode = Literal["run_modes", "lifecycle"]
 THREAD_STREAM_MODES: tuple[ThreadStreamMode, ...] = ("run_modes", "lifecycle")
 
 
 RemoteFollow = Callable[[RunRow, bool], "RunStream | None"]  # a stream fed by the process executing a run
-# Hear of a thread's runs made in other processes from when it returns on; returns the function that stops.
-HearThread = Callable[[str], Awaitable[Callable[[], None]]]
+# Hear of a thread's runs made in other processes from when it returns on, and call the function given once some
+# may have gone unheard (messages lost); returns the function that stops.
+HearThread = Callable[[str, Callable[[], None]], Awaitable[Callable[[], None]]]
 
 
-async def _hear_nothing(thread_id: str) -> Callable[[], None]:
+async def _hear_nothing(thread_id: str, missed: Callable[[], None]) -> Callable[[], None]:
     return lambda: None
 
 
@@ -148,9 +152,6 @@ class Follower:
         return ThreadRuns(self, thread_id, values)
 
 
-_RECENT = 10  # runs read back when a thread's follower attaches, for those made meanwhile (at most)
-
-
 def _metadata(run: Mapping[str, Any]) -> StreamPart:
     return StreamPart("metadata", {"run_id": run["run_id"], "attempt": 1})
 
@@ -170,7 +171,10 @@ class ThreadRuns:
 
     New runs are watched for from construction, so a run made right after is not missed: one made here is seen as it
     is made; one made in another process is heard of once this process listens to the thread (asked for at
-    construction), and one made before that is read back then (under way, queued, or made since and ended).
+    construction, once the storage has said where the runs made from then on begin), and one made before that is
+    read back then (under way, queued, or made since and ended). Once messages may have been lost (the listening
+    connection was down), the runs made since the last read are read back again: a position in the storage, not a
+    time, so no run is missed whatever the clocks of the processes say.
     """
 
     def __init__(self, follower: Follower, thread_id: str, values: bool) -> None:
@@ -180,8 +184,9 @@ class ThreadRuns:
         self._arrived: asyncio.Queue[tuple[RunRow, RunStream]] = asyncio.Queue()
         self._expected: set[str] = set()  # runs it has heard of (each is followed once)
         self._stop = follower.streams.watch_thread(thread_id, self._expect)
-        self._since = now_iso()
-        self._hearing = asyncio.ensure_future(follower.hear(thread_id))
+        self._position: str | None = None  # where the runs not read back yet begin (see RunStorage.runs_since)
+        self._hearing = asyncio.ensure_future(self._hear())
+        self._looks: set[asyncio.Task[None]] = set()  # reads again after messages were lost
         self._closed = False
 
     def close(self) -> None:
@@ -192,6 +197,12 @@ class ThreadRuns:
         self._stop()
         self._hearing.add_done_callback(_stop_hearing)
         self._hearing.cancel()
+        for look in self._looks:
+            look.cancel()
+
+    async def _hear(self) -> Callable[[], None]:
+        self._position = await self.follower.storage.run_position()  # before listening: what it misses is after
+        return await self.follower.hear(self.thread_id, self._missed)
 
     def _wants_values(self, row: RunRow) -> bool:
         return self.values or wants_values(row.kwargs.get("stream_mode") or ())
@@ -203,23 +214,45 @@ class ThreadRuns:
             stream.expect_follower(values=self._wants_values(row))
             self._arrived.put_nowait((row, stream))
 
-    async def __aiter__(self) -> AsyncIterator[tuple[RunRow, RunStream]]:
-        try:
-            await self._hearing  # a run made elsewhere from now on is heard of; one made before is read now
-            storage = self.follower.storage
-            active, recent = await asyncio.gather(storage.active_runs(self.thread_id),
-                                                  storage.list_runs(self.thread_id, limit=_RECENT))
-            # Under way and queued; before them, those made since construction that ended before they were heard of.
-            under_way = {row.run_id for row in active}
-            ended = [row for row in reversed(recent) if row.created_at >= self._since and row.run_id not in under_way]
-            for row in [*ended, *active]:
+    async def _read_back(self) -> None:
+        """Follow the thread's runs under way or queued, and those made since the last read that ended unheard."""
+        rows, self._position = await self.follower.storage.runs_since(self.thread_id, self._position)
+        for row in rows:
+            if row.run_id not in self._expected:
                 stream = self.follower.streams.get(row.run_id) or self.follower.remote(row, self._wants_values(row))
                 if stream is not None:
                     self._expect(row, stream)
+
+    def _missed(self) -> None:
+        """Messages were lost (this process listens again): read back what they may have said."""
+        if not self._closed:
+            look = asyncio.ensure_future(self._read_back_until_done())
+            self._looks.add(look)
+            look.add_done_callback(self._looks.discard)
+
+    async def _read_back_until_done(self) -> None:
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                return await self._read_back()
+            except StorageUnavailableError:
+                await asyncio.sleep(delay)  # the database is away: the runs wait for it
+                delay = min(delay * 2, _RETRY_MAX)
+            except Exception:
+                logger.exception("cannot read back the runs of thread %s made unheard", self.thread_id)
+                return
+
+    async def __aiter__(self) -> AsyncIterator[tuple[RunRow, RunStream]]:
+        try:
+            await self._hearing  # a run made elsewhere from now on is heard of; one made before is read now
+            await self._read_back()
             while True:
                 yield await self._arrived.get()
         finally:
             self.close()
+
+
+_RETRY_FIRST, _RETRY_MAX = 0.05, 1.0  # seconds between reads back while the database is away
 
 
 def _stop_hearing(hearing: asyncio.Future[Callable[[], None]]) -> None:

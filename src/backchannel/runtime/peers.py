@@ -73,6 +73,7 @@ class Peers:
         # Threads with runs queued elsewhere, maybe behind a run of this process (oldest first, bounded).
         self._awaited: dict[str, None] = {}
         self._remote: dict[str, _Feed] = {}  # runs executed elsewhere that somebody here follows
+        self._followers_missed: dict[Callable[[], None], None] = {}  # thread followers' calls once messages were lost
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -128,15 +129,22 @@ class Peers:
         """A run was made here: the thread's followers in other processes follow it too."""
         self._send("created", _thread_topic(row.thread_id), thread=row.thread_id, run=row.run_id)
 
-    async def hear_thread(self, thread_id: str) -> Callable[[], None]:
-        """Hear of the thread's runs made in other processes, from when this returns on (until the function it
-        returns is called): a thread's follower here must be heard of before it looks for the runs under way."""
+    async def hear_thread(self, thread_id: str, missed: Callable[[], None]) -> Callable[[], None]:
+        """Hear of the thread's runs made in other processes, from when this returns on, and call ``missed`` once
+        some may have gone unheard (until the function it returns is called): a thread's follower here must be
+        heard of before it looks for the runs under way, and look again after a gap."""
         coordinator = self.coordinator
         if coordinator is None:
             return _nothing
         topic = _thread_topic(thread_id)
         await coordinator.subscribe(topic)
-        return functools.partial(coordinator.unsubscribe, topic)
+        self._followers_missed[missed] = None
+
+        def stop() -> None:
+            coordinator.unsubscribe(topic)
+            self._followers_missed.pop(missed, None)
+
+        return stop
 
     def follow(self, row: RunRow, values: bool) -> RunStream:
         """A local stream of a run another process executes (or will), fed by its executor from its start."""
@@ -236,11 +244,7 @@ class Peers:
         except StorageUnavailableError:
             return  # the database is gone: the run cannot start either until it is back
         if row is not None:  # ended already, it is shown all the same: its executor sends how it ended
-            self._show_followed(row)
-
-    def _show_followed(self, row: RunRow) -> None:
-        """Show a run made elsewhere to this process's followers of its thread (each takes it once)."""
-        self.streams.announce(row, self.follow(row, values=True))  # values: a follower may want them
+            self.streams.announce(row, self.follow(row, values=True))  # values: a follower may want them
 
     def _on_missed(self, message: dict[str, Any]) -> None:
         """Messages were lost while the connection was down: look again for what they may have said."""
@@ -248,17 +252,8 @@ class Peers:
         self._missed()
         for run_id, feed in self._remote.items():
             self._watch(run_id, feed)
-        for thread_id in self.streams.watched_threads():  # runs made elsewhere meanwhile: those under way
-            self._spawn(self._announce_active(thread_id))
-
-    async def _announce_active(self, thread_id: str) -> None:
-        try:
-            rows = await self.storage.active_runs(thread_id)
-        except StorageUnavailableError:
-            return  # gone again: another MISSED comes once it is back
-        for row in rows:
-            if self.streams.get(row.run_id) is None or self.follows(row.run_id):  # not made here: followed
-                self._show_followed(row)
+        for missed in list(self._followers_missed):  # thread followers: they read back the runs made meanwhile
+            missed()
 
     def _on_watch(self, message: dict[str, Any]) -> None:
         run_id = message["run"]

@@ -241,6 +241,12 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             END IF;
         END $$""",
     ),
+    (  # the transaction that made each run: a thread's follower reads back the runs made since it noted where
+        # they began (a snapshot, see PostgresStorage.runs_since), exactly, whatever the processes' clocks say.
+        # Older runs have none (made before any follower noted where). No default in the ADD: no table rewrite.
+        "ALTER TABLE runs ADD COLUMN made_in xid8",
+        "ALTER TABLE runs ALTER COLUMN made_in SET DEFAULT pg_current_xact_id()",
+    ),
 )
 _ASSISTANT_SELECT = ASSISTANT_COLUMNS.replace("metadata", "metadata::text")
 _ASSISTANT_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s"
@@ -689,6 +695,22 @@ class PostgresStorage(Storage):
     async def count_runs_by_status(self) -> dict[RunStatus, int]:
         return {status: count for status, count in await self._all("SELECT status, count(*) FROM runs GROUP BY status",
                                                                     ())}
+
+    async def run_position(self) -> str:
+        # The database's snapshot: a run made in a transaction it does not see was made after it, whenever that
+        # transaction began and whatever the clocks of the processes involved.
+        found = await self._one("SELECT pg_current_snapshot()::text")
+        assert found is not None
+        return str(found[0])
+
+    async def runs_since(self, thread_id: str, position: str | None) -> tuple[list[RunRow], str | None]:
+        # The runs and the snapshot they were read in, in one statement: one made after it is made after this read.
+        found = await self._all(
+            f"SELECT {_RUN_COLUMNS}, s.position::text FROM (SELECT pg_current_snapshot() AS position) s "
+            "LEFT JOIN runs ON thread_id = %(thread)s AND (status IN ('pending', 'running') "
+            "OR NOT pg_visible_in_snapshot(made_in, %(since)s::pg_snapshot)) ORDER BY seq",
+            {"thread": thread_id, "since": position})
+        return [run_row(r[:-1]) for r in found if r[0] is not None], found[0][-1]
 
     async def runs_with_status(self, statuses: Sequence[RunStatus]) -> list[RunRow]:
         rows = await self._all(f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ANY(%s) ORDER BY seq",

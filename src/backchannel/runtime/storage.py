@@ -153,6 +153,16 @@ class RunStorage(Protocol):
     async def active_runs(self, thread_id: str) -> list[RunRow]:
         """A thread's pending and running runs, oldest first."""
 
+    async def run_position(self) -> str | None:
+        """Where the runs made from now on begin, for :meth:`runs_since` (``None`` where no other process can make
+        runs: this one's are seen as they are made)."""
+        return None
+
+    async def runs_since(self, thread_id: str, position: str | None) -> tuple[list[RunRow], str | None]:
+        """A thread's pending and running runs, and those made after ``position`` (:meth:`run_position`) that
+        ended, oldest first; with the position as of this read (a run made later is made after it)."""
+        return await self.active_runs(thread_id), position
+
     @abc.abstractmethod
     async def runs_with_status(self, statuses: Sequence[RunStatus]) -> list[RunRow]:
         """Every thread's runs of these statuses, oldest first."""

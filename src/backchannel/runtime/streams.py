@@ -343,10 +343,6 @@ class Streams:
         self.announce(row, stream)
         return stream
 
-    def watched_threads(self) -> list[str]:
-        """The threads somebody here watches."""
-        return list(self._thread_watchers)
-
     def watching(self, thread_id: str) -> bool:
         """Whether somebody here watches the thread's new runs."""
         return thread_id in self._thread_watchers
