@@ -9,14 +9,17 @@ every background task's notification reaches its supervisor exactly once.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
+import psycopg
 from langgraph_sdk import get_client
-from server_helpers import ProcessServer
+from server_helpers import ProcessServer, user
 
 from backchannel.runtime import open_storage
 
@@ -155,3 +158,58 @@ async def _sql(storage, statement: str, params: tuple = ()) -> list[tuple]:
 
 def _logs(servers: list[ProcessServer]) -> str:
     return "".join(f"\n--- {s.url}:\n{s.log.read_text()[-3000:]}" for s in servers if s.log and s.log.exists())
+
+
+async def test_a_thread_follower_on_one_server_sees_every_run_made_on_another(tmp_path, postgres_url):
+    """Two servers on one database, the follower's machine's clock ten minutes ahead of the other's: a client that
+    follows a thread on one sees every run made on the other, in order, one made and ended as it attached while
+    its server could not hear the others (its listening connection cut) too."""
+    skewed = tmp_path / "skewed"
+    skewed.mkdir()
+    (skewed / "sitecustomize.py").write_text("import time\n_time = time.time\ntime.time = lambda: _time() + 600\n")
+    behind = ProcessServer(["server_agents:echo"], postgres_url, log=tmp_path / "behind.log",
+                           env={"PYTHONPATH": os.pathsep.join([str(skewed), str(Path(__file__).parent),
+                                                               os.environ.get("PYTHONPATH", "")])})
+    maker = ProcessServer(["server_agents:echo"], postgres_url, log=tmp_path / "maker.log")
+    done: list[str] = []
+    try:
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as db:
+            channel = f"backchannel:{(await (await db.execute('SELECT current_schema()')).fetchone())[0]}"
+            behind.start()  # alone: the backend listening on the schema's channel is its
+            listener = [pid for pid, in await (await db.execute(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN ' || quote_ident(%s) || '%%'",
+                (channel,))).fetchall()]
+            assert len(listener) == 1, listener
+            maker.start()
+            ahead, there = get_client(url=behind.url), get_client(url=maker.url)
+            tid = (await there.threads.create())["thread_id"]
+            async with db.transaction():
+                # Reconnecting, the follower's server first tidies the listeners table: held off meanwhile.
+                await db.execute("LOCK TABLE listeners IN EXCLUSIVE MODE")
+                await db.execute("SELECT pg_terminate_backend(%s)", (listener[0],))
+                follower = asyncio.create_task(_follow_runs(ahead, tid, done))
+                await asyncio.sleep(3)  # the client has attached (its server cannot hear yet)
+                made = [(await there.runs.create(tid, "echo", input=user("meanwhile")))["run_id"]]
+                await there.runs.join(tid, made[0])
+            later = []
+            for i in range(2):
+                later.append((await there.runs.create(tid, "echo", input=user(f"later {i}")))["run_id"])
+                await there.runs.join(tid, later[-1])
+            deadline = time.monotonic() + 30
+            while len(done) < 3:
+                assert time.monotonic() < deadline, f"runs seen {done} of {[*made, *later]}{_logs([behind, maker])}"
+                await asyncio.sleep(0.05)
+            follower.cancel()
+        assert done == [*made, *later]
+    finally:
+        for server in (behind, maker):
+            if server.process is not None and server.process.poll() is None:
+                server.process.kill()
+                server.process.wait()
+
+
+async def _follow_runs(client, thread: str, done: list[str]) -> None:
+    """Add the id of each run the client following the thread sees to its end to ``done``."""
+    async for part in await client.threads.join_stream(thread):  # langgraph_sdk awaits, then iterates
+        if part.event == "metadata" and part.data.get("status") == "run_done":
+            done.append(part.data["run_id"])
