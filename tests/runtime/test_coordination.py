@@ -327,32 +327,37 @@ async def test_a_thread_follower_finds_a_run_made_elsewhere_while_its_runtime_co
 async def test_a_thread_follower_whose_clock_runs_ahead_sees_a_run_made_elsewhere_as_it_attaches(runtimes,
                                                                                                 monkeypatch):
     """Processes on machines whose clocks disagree by minutes: a follower in a runtime whose clock runs ahead still
-    sees a run made (and ended) in another while it attaches, and every later one, in order."""
+    sees a run made (and ended) in another while it attaches, and every later one, in the order they were made
+    (one heard of before the follower has read back the runs made as it attached too)."""
     a, b = await runtimes(echo_agent())
     tid = (await a.threads.create())["thread_id"]
     real = time.time
     monkeypatch.setattr(_clock, "time", SimpleNamespace(time=lambda: real() + 600))  # b's clock as b attaches
     subscribe = b.peers.coordinator.subscribe
     meanwhile: list[str] = []
+    later: list[str] = []
 
     async def subscribe_late(topic: str) -> None:  # a run is made and ends (a's clock right) before b listens
-        if not meanwhile:
-            monkeypatch.setattr(_clock, "time", time)
-            run = await a.runs.create(tid, "agent", input=user("meanwhile"))
-            await asyncio.wait_for(a.runs.join(tid, run["run_id"]), 10)
-            meanwhile.append(run["run_id"])
+        if meanwhile:
+            return await subscribe(topic)
+        monkeypatch.setattr(_clock, "time", time)
+        run = await a.runs.create(tid, "agent", input=user("meanwhile"))
+        await asyncio.wait_for(a.runs.join(tid, run["run_id"]), 10)
+        meanwhile.append(run["run_id"])
         await subscribe(topic)
+        # and another is heard of before the follower reads back what was made as it attached
+        later.append((await a.runs.create(tid, "agent", input=user("later 0")))["run_id"])
+        await eventually(lambda: _true(b.streams.get(later[0]) is not None), timeout=10)
 
     b.peers.coordinator.subscribe = subscribe_late
     done: list[str] = []
     follower = asyncio.create_task(_follow_runs(b.threads.join_stream(tid), done))
     try:
-        await eventually(lambda: _true(len(meanwhile) == 1 and bool(b.peers.coordinator._subscribed)), timeout=10)
-        later = []
-        for i in range(2):
-            later.append((await a.runs.create(tid, "agent", input=user(f"later {i}")))["run_id"])
-            await asyncio.wait_for(a.runs.join(tid, later[-1]), 10)
-        await eventually(lambda: _true(len(done) >= 2), timeout=10)
+        await eventually(lambda: _true(len(later) == 1), timeout=10)
+        await asyncio.wait_for(a.runs.join(tid, later[0]), 10)
+        later.append((await a.runs.create(tid, "agent", input=user("later 1")))["run_id"])
+        await asyncio.wait_for(a.runs.join(tid, later[-1]), 10)
+        await eventually(lambda: _true(len(done) >= 3), timeout=10)
         await asyncio.sleep(0.5)  # a run missed at first would not come later either
     finally:
         follower.cancel()

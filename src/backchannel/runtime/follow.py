@@ -185,6 +185,9 @@ class ThreadRuns:
         self._expected: set[str] = set()  # runs it has heard of (each is followed once)
         self._stop = follower.streams.watch_thread(thread_id, self._expect)
         self._position: str | None = None  # where the runs not read back yet begin (see RunStorage.runs_since)
+        # Reads back to come (the first once it hears): the runs heard of meanwhile wait, behind those read.
+        self._reads_due = 1
+        self._held: dict[str, tuple[RunRow, RunStream]] = {}
         self._hearing = asyncio.ensure_future(self._hear())
         self._looks: set[asyncio.Task[None]] = set()  # reads again after messages were lost
         self._closed = False
@@ -208,44 +211,71 @@ class ThreadRuns:
         return self.values or wants_values(row.kwargs.get("stream_mode") or ())
 
     def _expect(self, row: RunRow, stream: RunStream) -> None:
+        """Show a run heard of (here, or from another process): in turn, or once the reads back due are done."""
+        if self._keep(row, stream):
+            if self._reads_due:
+                self._held[row.run_id] = (row, stream)
+            else:
+                self._arrived.put_nowait((row, stream))
+
+    def _keep(self, row: RunRow, stream: RunStream) -> bool:
         """Have ``stream`` keep its events for this follower (once a run, however it heard of it)."""
-        if row.run_id not in self._expected:
-            self._expected.add(row.run_id)
-            stream.expect_follower(values=self._wants_values(row))
-            self._arrived.put_nowait((row, stream))
+        if row.run_id in self._expected:
+            return False
+        self._expected.add(row.run_id)
+        stream.expect_follower(values=self._wants_values(row))
+        return True
 
     async def _read_back(self) -> None:
-        """Follow the thread's runs under way or queued, and those made since the last read that ended unheard."""
+        """Show the thread's runs under way or queued, and those made since the last read that ended unheard, in
+        the order they were made: before the runs heard of meanwhile that it did not read (made after it)."""
         rows, self._position = await self.follower.storage.runs_since(self.thread_id, self._position)
         for row in rows:
-            if row.run_id not in self._expected:
+            held = self._held.pop(row.run_id, None)
+            if held is not None:
+                self._arrived.put_nowait(held)
+            elif row.run_id not in self._expected:
                 stream = self.follower.streams.get(row.run_id) or self.follower.remote(row, self._wants_values(row))
-                if stream is not None:
-                    self._expect(row, stream)
+                if stream is not None and self._keep(row, stream):
+                    self._arrived.put_nowait((row, stream))
+
+    def _read_back_done(self) -> None:
+        self._reads_due -= 1
+        if not self._reads_due:
+            for held in self._held.values():
+                self._arrived.put_nowait(held)
+            self._held.clear()
 
     def _missed(self) -> None:
         """Messages were lost (this process listens again): read back what they may have said."""
         if not self._closed:
+            self._reads_due += 1
             look = asyncio.ensure_future(self._read_back_until_done())
             self._looks.add(look)
             look.add_done_callback(self._looks.discard)
 
     async def _read_back_until_done(self) -> None:
         delay = _RETRY_FIRST
-        while True:
-            try:
-                return await self._read_back()
-            except StorageUnavailableError:
-                await asyncio.sleep(delay)  # the database is away: the runs wait for it
-                delay = min(delay * 2, _RETRY_MAX)
-            except Exception:
-                logger.exception("cannot read back the runs of thread %s made unheard", self.thread_id)
-                return
+        try:
+            while True:
+                try:
+                    return await self._read_back()
+                except StorageUnavailableError:
+                    await asyncio.sleep(delay)  # the database is away: the runs wait for it
+                    delay = min(delay * 2, _RETRY_MAX)
+                except Exception:
+                    logger.exception("cannot read back the runs of thread %s made unheard", self.thread_id)
+                    return
+        finally:
+            self._read_back_done()
 
     async def __aiter__(self) -> AsyncIterator[tuple[RunRow, RunStream]]:
         try:
             await self._hearing  # a run made elsewhere from now on is heard of; one made before is read now
-            await self._read_back()
+            try:
+                await self._read_back()
+            finally:
+                self._read_back_done()
             while True:
                 yield await self._arrived.get()
         finally:
