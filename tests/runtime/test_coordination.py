@@ -6,6 +6,7 @@ processes (and ``kill -9``) are in ``test_processes.py``.
 """
 
 import asyncio
+import json
 import time
 from contextlib import AsyncExitStack
 from types import SimpleNamespace
@@ -284,6 +285,26 @@ async def test_a_thread_follower_sees_every_run_made_elsewhere_one_made_and_ende
     await eventually(lambda: _true(len(done) == 4), timeout=10)
     follower.cancel()
     assert done == [*meanwhile, *later]
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["claimed-as-stored", "queued-behind-another"])
+async def test_a_run_is_told_to_its_thread_s_listeners_in_the_transaction_that_stores_it(runtimes, postgres_url,
+                                                                                         queued):
+    """'created' goes with the run's insert, not in a message after it: once ``runs.create`` returns, a process
+    listening to the thread's channel has been told (and a follower elsewhere can read the run)."""
+    (a,) = await runtimes(echo_agent(latency=1.0), n=1)
+    tid = (await a.threads.create())["thread_id"]
+    if queued:  # running: the next run is stored pending, by the plain insert
+        await a.runs.create(tid, "agent", input=user("first"))
+    channel = a.peers.coordinator._channel_of(f"thread:{tid}")  # the thread's topic's
+    with psycopg.connect(postgres_url, autocommit=True) as listener:  # as a subscriber elsewhere listens
+        listener.execute("INSERT INTO listeners VALUES (%s, pg_backend_pid())", (channel,))
+        listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+        run = await a.runs.create(tid, "agent", input=user("told"))
+        listener.execute("SELECT 1")  # what was committed before it comes with its answer
+        told = [m for note in listener.notifies(timeout=0) for m in json.loads(note.payload)]
+    assert [(m["k"], m["run"]) for m in told] == [("created", run["run_id"])]
+    assert (await a.runs.get(tid, run["run_id"]))["status"] == ("pending" if queued else "running")
 
 
 async def test_a_process_with_no_follower_of_a_thread_hears_nothing_of_its_runs(runtimes):

@@ -42,7 +42,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import Storage, pick_claims
+from backchannel.runtime.storage import Notice, Storage, pick_claims
 
 __all__ = ["MemoryStorage"]
 
@@ -187,7 +187,7 @@ class MemoryStorage(Storage):
 
     # -- runs
 
-    async def create_run(self, row: RunRow) -> bool:
+    async def create_run(self, row: RunRow, *, notice: Notice | None = None) -> bool:
         if row.thread_id not in self._threads:
             return False
         row = _copy(row)

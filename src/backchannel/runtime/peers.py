@@ -36,7 +36,7 @@ from backchannel.errors import StorageUnavailableError
 from backchannel.events import Event
 from backchannel.messages import message_from_dict
 from backchannel.runtime.rows import ACTIVE, CancelAction, RunRow, RunStatus
-from backchannel.runtime.storage import Coordinator, RunStorage
+from backchannel.runtime.storage import Coordinator, Notice, RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 from backchannel.serde import to_jsonable
 
@@ -127,7 +127,16 @@ class Peers:
 
     def created(self, row: RunRow) -> None:
         """A run was made here: the thread's followers in other processes follow it too."""
-        self._send("created", _thread_topic(row.thread_id), thread=row.thread_id, run=row.run_id)
+        if self.coordinator is not None:
+            self.coordinator.publish(*self._created(row))
+
+    def created_notice(self, row: RunRow) -> Notice | None:
+        """What :meth:`created` says, to go with the write that stores the run (no message of its own); ``None``
+        if it cannot go so, or nobody else shares the database."""
+        return None if self.coordinator is None else self.coordinator.notice(*self._created(row))
+
+    def _created(self, row: RunRow) -> tuple[dict[str, Any], str]:
+        return {"k": "created", "w": self.me, "thread": row.thread_id, "run": row.run_id}, _thread_topic(row.thread_id)
 
     async def hear_thread(self, thread_id: str, missed: Callable[[], None]) -> Callable[[], None]:
         """Hear of the thread's runs made in other processes, from when this returns on, and call ``missed`` once

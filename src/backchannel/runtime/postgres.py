@@ -81,7 +81,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import MISSED, Coordinator, Storage
+from backchannel.runtime.storage import MISSED, Coordinator, Notice, Storage
 from backchannel.serde import dumps
 
 __all__ = ["PostgresCoordinator", "PostgresStorage", "scratch_schema"]
@@ -247,6 +247,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE runs ADD COLUMN made_in xid8",
         "ALTER TABLE runs ALTER COLUMN made_in SET DEFAULT pg_current_xact_id()",
     ),
+    (  # the runs running under a concurrency key (every background subagent's run has one), counted at a claim
+        # without reading every running run
+        "CREATE INDEX runs_running_by_key ON runs(concurrency_key) WHERE status = 'running' "
+        "AND concurrency_key IS NOT NULL",
+    ),
 )
 _ASSISTANT_SELECT = ASSISTANT_COLUMNS.replace("metadata", "metadata::text")
 _ASSISTANT_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s"
@@ -280,6 +285,10 @@ _NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT c.metadata ->> 'parent_thread_id
                     "AND c.metadata ->> 'parent_thread_id' IS NOT NULL) "
                     "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
 _NOTIFY = "SELECT pg_notify(%s, %s)"
+# A run's insert, on a thread that exists (its row locked, shared: a delete of the thread waits for this commit and
+# then deletes the run too, or has committed already and the run is not inserted).
+_CREATE_RUN = (f"INSERT INTO runs ({_RUN_COLUMNS}) SELECT {', '.join(['%s'] * 18)} "
+               "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = %s FOR SHARE)")
 # A topic's: sent only if somebody listens to its channel. The function is VOLATILE: its look for listeners sees
 # what committed once its lock is granted (a statement's own snapshot is taken before it waits).
 _NOTIFY_LISTENERS = "SELECT notify_listeners(%s, %s)"
@@ -635,16 +644,16 @@ class PostgresStorage(Storage):
 
     claims_on_insert = True
 
-    async def create_run(self, row: RunRow) -> bool:
-        # The thread's row locked (shared) while the run goes in: a delete of the thread waits for this commit and
-        # then deletes the run too, or has committed already and the run is not inserted.
-        return bool(await self._write(
-            f"INSERT INTO runs ({_RUN_COLUMNS}) SELECT {', '.join(['%s'] * 18)} "
-            "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = %s FOR SHARE)",
-            (*run_values(row), row.thread_id)))
+    async def create_run(self, row: RunRow, *, notice: Notice | None = None) -> bool:
+        params = (*run_values(row), row.thread_id)
+        if notice is None:
+            return bool(await self._write(_CREATE_RUN, params))
+        found = await self._write_one(f"WITH i AS ({_CREATE_RUN} RETURNING 1), {_notified('i')} "
+                                      "SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM n)", (*params, *notice))
+        return bool(found and found[0])
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: CheckpointRow | None = None) -> RunStatus | None:
+                                 first: CheckpointRow | None = None, notice: Notice | None = None) -> RunStatus | None:
         # Queued with the tick's other writes: no claim transaction of its own. On a thread that exists, running
         # only if it is busy (as this run's writes made it, earlier in the batch) with no other run, and its claim
         # lock is free (no claim of it under way); a run made running elsewhere meanwhile makes the insert
@@ -664,11 +673,13 @@ class PostgresStorage(Storage):
         # The thread's first checkpoint, only with the run claimed (and its thread made here).
         written = checkpoint_values(first) if first is not None and thread is not None else ()
         params.update({f"c{i}": v for i, v in enumerate(written)})
-        found = await self._write_one(_claim_on_insert(thread is not None, bool(written)), params)
+        if notice is not None:
+            params["nc"], params["np"] = notice
+        found = await self._write_one(_claim_on_insert(thread is not None, bool(written), notice is not None), params)
         if thread is not None and found and not any(found):
             # Made by another request whose commit this statement waited for: not in the statement's view, so
             # the run goes in after it, as on any thread that exists.
-            stored, _ = await asyncio.gather(self.create_run(row), self.update_thread(
+            stored, _ = await asyncio.gather(self.create_run(row, notice=notice), self.update_thread(
                 thread.thread_id, status="busy", metadata=thread.metadata, updated_at=thread.updated_at))
             return "pending" if stored else None
         return None if not found else "running" if found[0] else "pending" if found[1] else None
@@ -1209,6 +1220,10 @@ class PostgresCoordinator(Coordinator):
         self._queue.append((topic, dump(message)))
         self._queued.set()
 
+    def notice(self, message: dict[str, Any], topic: str) -> Notice | None:
+        payload = f"[{dump(message)}]"  # a pack of one
+        return Notice(self._channel_of(topic), payload) if len(payload.encode()) <= _NOTIFY_LIMIT else None
+
     async def subscribe(self, topic: str) -> None:
         self._subscribed[topic] = self._subscribed.get(topic, 0) + 1
         heard = self._heard.get(topic)
@@ -1561,9 +1576,10 @@ async def _lock_claims(conn: AsyncConnection, candidates: list[RunRow]) -> list[
 
 
 @functools.cache  # made for every run: its text once
-def _claim_on_insert(made: bool, written: bool) -> str:
+def _claim_on_insert(made: bool, written: bool, notified: bool) -> str:
     """The statement of :meth:`PostgresStorage.create_claimed_run`: on a thread that exists, or that it ``made``
-    (then with the run's first checkpoint if ``written``)."""
+    (then with the run's first checkpoint if ``written``); sending a notice (``%(nc)s``, ``%(np)s``) if
+    ``notified`` and the run is stored."""
     existing = "SELECT 1 FROM threads WHERE thread_id = %(thread)s"
     lock = "pg_try_advisory_xact_lock(%(lock)s, hashtext(%(thread)s))"
     if not made:
@@ -1578,17 +1594,25 @@ def _claim_on_insert(made: bool, written: bool) -> str:
         there = f"(EXISTS (SELECT 1 FROM t) OR EXISTS ({existing} FOR SHARE))"
     first = (f"c AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {_named('c', 10)} FROM i), "
              if written else "")
-    busy = ("u AS (UPDATE threads SET status = 'busy', metadata = %(t3)s::jsonb, updated_at = %(t2)s "
-            "WHERE thread_id = %(thread)s AND NOT EXISTS (SELECT 1 FROM t) AND EXISTS (SELECT 1 FROM p)) "
+    busy = (", u AS (UPDATE threads SET status = 'busy', metadata = %(t3)s::jsonb, updated_at = %(t2)s "
+            "WHERE thread_id = %(thread)s AND NOT EXISTS (SELECT 1 FROM t) AND EXISTS (SELECT 1 FROM p))"
             if made else "")
+    notify = ", " + _notified("(SELECT 1 FROM i UNION ALL SELECT 1 FROM p) s", "%(nc)s", "%(np)s") if notified else ""
     claimed, claims = _named("r", 18), dict(_CLAIMED)
     pending = ", ".join(f"%(p{i})s" if i in claims else f"%(r{i})s" for i in range(18))
     return (f"WITH {thread}free AS (SELECT 1 WHERE {free}), "
             f"i AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {claimed} FROM free ON CONFLICT DO NOTHING "
             f"  RETURNING 1), {first}"
             f"p AS (INSERT INTO runs ({_RUN_COLUMNS}) SELECT {pending} WHERE NOT EXISTS (SELECT 1 FROM i) "
-            f"  AND {there} RETURNING 1){', ' if busy else ' '}{busy}"
-            f"SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM p){', (SELECT count(*) FROM t)' if made else ''}")
+            f"  AND {there} RETURNING 1){busy}{notify} "
+            f"SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM p){', (SELECT count(*) FROM t)' if made else ''}"
+            f"{', (SELECT count(*) FROM n)' if notified else ''}")
+
+
+def _notified(rows: str, channel: str = "%s", payload: str = "%s") -> str:
+    """A CTE ``n`` sending a :class:`Notice` once for each of ``rows`` (the inserted run): the statement's final SELECT
+    must read it (a CTE that changes nothing runs only as far as it is read)."""
+    return f"n AS (SELECT notify_listeners({channel}, {payload}) FROM {rows})"
 
 
 @functools.cache  # statements that use it are made for every run

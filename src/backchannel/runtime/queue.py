@@ -26,7 +26,7 @@ from backchannel.runtime.peers import Peers
 from backchannel.runtime.registry import Registry
 from backchannel.runtime.rows import TERMINAL, AssistantRow, CancelAction, RunRow, ThreadRow
 from backchannel.runtime.scheduler import Scheduler
-from backchannel.runtime.storage import Storage
+from backchannel.runtime.storage import Notice, Storage
 from backchannel.runtime.streams import Streams
 from backchannel.runtime.wire import BUSY, render_error, resume_map
 from backchannel.serde import to_jsonable
@@ -125,14 +125,16 @@ class RunQueue:
         self.scheduler.queued(row.run_id, context=contextvars.copy_context())
         thread.metadata = {**thread.metadata, "graph_id": assistant.graph_id, "assistant_id": row.assistant_id}
         thread.status = "busy"
+        notice = self.peers.created_notice(row)  # the thread's followers elsewhere follow it too: told as it is stored
         try:
-            started = await self._store(thread, row, new_thread=new_thread, free=not active)
+            started = await self._store(thread, row, new_thread=new_thread, free=not active, notice=notice)
         except (StorageUnavailableError, NotFoundError):
             self.scheduler.dropped(row.run_id)
             self.cancel_here(row.run_id, "interrupt")  # its stream ends: the run was never stored
             raise
         if self.peers.shared:
-            self.peers.created(row)  # the thread's followers elsewhere follow it too
+            if notice is None:
+                self.peers.created(row)
             if any(r.worker_id != self.worker_id for r in active):
                 self.peers.queued(thread_id)  # behind another process's run: it says when that one ends
         if active and strategy in ("interrupt", "rollback"):
@@ -143,16 +145,18 @@ class RunQueue:
             self.scheduler.kick()
         return row
 
-    async def _store(self, thread: ThreadRow, row: RunRow, *, new_thread: bool, free: bool) -> bool:
+    async def _store(self, thread: ThreadRow, row: RunRow, *, new_thread: bool, free: bool,
+                     notice: Notice | None) -> bool:
         """Store the run and its thread, busy: in one transaction where the backend groups a tick's writes.
-        On a ``free`` thread the run may be claimed in it, and started: returns whether it was."""
+        On a ``free`` thread the run may be claimed in it, and started: returns whether it was. The ``notice``
+        goes with the run's insert."""
         if new_thread and self.scheduler.claims_on_insert(row, free_thread=free):  # the thread made in that write
-            stored = await self.scheduler.store(row, free_thread=free, new_thread=thread)
+            stored = await self.scheduler.store(row, free_thread=free, new_thread=thread, notice=notice)
             if stored is None:
                 raise NotFoundError(f"Thread with ID {thread.thread_id} not found")
             return stored == "running"
         created = False
-        store = self.scheduler.store(row, free_thread=free)
+        store = self.scheduler.store(row, free_thread=free, notice=notice)
         if new_thread:
             created, stored = await asyncio.gather(self.storage.create_thread(thread), store)
         else:

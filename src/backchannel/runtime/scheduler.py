@@ -25,7 +25,7 @@ from backchannel._ids import new_id
 from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow, RunStatus, ThreadRow
-from backchannel.runtime.storage import RunStorage
+from backchannel.runtime.storage import Notice, RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 
 if TYPE_CHECKING:
@@ -209,15 +209,16 @@ class Scheduler:
         return (self.storage.claims_on_insert and free_thread and row.concurrency_key is None
                 and row.scheduled_at <= row.created_at and self._free() > 0 and row.run_id in self._unstarted)
 
-    async def store(self, row: RunRow, *, free_thread: bool, new_thread: ThreadRow | None = None) -> RunStatus | None:
+    async def store(self, row: RunRow, *, free_thread: bool, new_thread: ThreadRow | None = None,
+                    notice: Notice | None = None) -> RunStatus | None:
         """Store a run queued here (see :meth:`queued`). On a ``free_thread`` (no other run of it is known), due
         now, with a slot free, it is claimed in the same write where the storage can, and started: ``"running"``.
         Else it waits for a claim (the caller kicks the scheduler once it may start): ``"pending"``. ``None``:
         not stored, its thread is gone. Where it is claimed so (:meth:`claims_on_insert`), ``new_thread`` is made
         in the same write: the run then starts from its input without reading the thread, and the checkpoint of
-        its input is written with it."""
+        its input is written with it. A ``notice`` is sent with the run's insert (see :class:`Notice`)."""
         if not self.claims_on_insert(row, free_thread=free_thread):
-            return "pending" if await self.storage.create_run(row) else None
+            return "pending" if await self.storage.create_run(row, notice=notice) else None
         token = new_id()
         running = replace(row, status="running", attempts=1, claim=token)
         blank = self._blank_start(running) if new_thread is not None and self._blank_start else None
@@ -227,7 +228,7 @@ class Scheduler:
         self._claims.add(claiming)
         try:
             stored = await self.storage.create_claimed_run(row, token, thread=new_thread,
-                                                           first=blank.head if blank else None)
+                                                           first=blank.head if blank else None, notice=notice)
         except StorageUnavailableError:
             # Its commit may have happened all the same: the run then starts once the database answers.
             self._inserting.discard(row.run_id)

@@ -83,7 +83,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import Storage, pick_claims
+from backchannel.runtime.storage import Notice, Storage, pick_claims
 from backchannel.serde import dumps
 
 try:
@@ -756,7 +756,7 @@ class SQLiteStorage(Storage):
 
     # -- runs
 
-    async def create_run(self, row: RunRow) -> bool:
+    async def create_run(self, row: RunRow, *, notice: Notice | None = None) -> bool:
         return bool(await self._write(f"INSERT INTO runs SELECT {','.join('?' * 18)} "
                                       "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = ?)",
                                       (*run_values(row), row.thread_id)))

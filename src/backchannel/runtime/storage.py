@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from backchannel.messages import AnyMessage
 from backchannel.runtime.rows import (
@@ -38,7 +38,7 @@ from backchannel.runtime.rows import (
 )
 
 __all__ = ["MISSED", "AssistantStorage", "CheckpointStorage", "Coordinator", "CronStorage", "InboxStorage",
-           "ItemStorage", "RunStorage", "Storage", "ThreadStorage", "WorkerStorage", "pick_claims"]
+           "ItemStorage", "Notice", "RunStorage", "Storage", "ThreadStorage", "WorkerStorage", "pick_claims"]
 
 
 class ThreadStorage(Protocol):
@@ -114,12 +114,14 @@ class RunStorage(Protocol):
     claims_on_insert: bool = False  # whether create_claimed_run may claim (see there)
 
     @abc.abstractmethod
-    async def create_run(self, row: RunRow) -> bool:
+    async def create_run(self, row: RunRow, *, notice: Notice | None = None) -> bool:
         """Insert a run; ``False`` (nothing inserted) if its thread is gone, checked in the statement that inserts,
-        so a run is never stored on a thread deleted meanwhile (and a thread deleted after it takes it along)."""
+        so a run is never stored on a thread deleted meanwhile (and a thread deleted after it takes it along).
+        A ``notice`` (from this storage's coordinator: backends without one get none) is sent in the transaction
+        that stores the run, if it does."""
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: CheckpointRow | None = None) -> RunStatus | None:
+                                 first: CheckpointRow | None = None, notice: Notice | None = None) -> RunStatus | None:
         """Insert a pending run of ``row.worker_id``'s, as :meth:`create_run` does (``None``: not inserted, its thread
         is gone), and if its thread is ``busy`` (the caller's writes made it so before) with no other run pending
         or running, claim it in the same write: stored running under the token ``claim``, its first attempt
@@ -130,7 +132,7 @@ class RunStorage(Protocol):
         cost little (``claims_on_insert`` false) leave it to :meth:`claim_runs`."""
         if thread is not None:  # the scheduler makes the thread apart where the storage does not claim on insert
             raise NotImplementedError("this storage does not make a thread in the write that stores a run")
-        return "pending" if await self.create_run(row) else None
+        return "pending" if await self.create_run(row, notice=notice) else None
 
     @abc.abstractmethod
     async def get_run(self, run_id: str) -> RunRow | None:
@@ -492,6 +494,14 @@ class Storage(ThreadStorage, RunStorage, WorkerStorage, CheckpointStorage, Inbox
 MISSED: dict[str, Any] = {"k": "missed", "w": ""}
 
 
+class Notice(NamedTuple):
+    """A message on a topic, made by a coordinator (:meth:`Coordinator.notice`) to go with one of its storage's
+    writes: sent in that write's transaction, as it commits (no statement of its own), if the write happens."""
+
+    channel: str
+    payload: str
+
+
 class Coordinator(abc.ABC):
     """Messages between the processes on one database, this one included, in the order they were sent: to all of
     them, or on a topic, to those that subscribed to it."""
@@ -509,6 +519,11 @@ class Coordinator(abc.ABC):
     def publish(self, message: dict[str, Any], topic: str | None = None) -> None:
         """Queue ``message`` (JSON-able) for every process, or with a ``topic`` for those subscribed to it;
         sent soon, in order."""
+
+    def notice(self, message: dict[str, Any], topic: str) -> Notice | None:
+        """``message`` on ``topic`` made to go with a write of the storage's (see :class:`Notice`); ``None`` if it
+        cannot go so (then :meth:`publish` it once the write is done)."""
+        return None
 
     @abc.abstractmethod
     async def subscribe(self, topic: str) -> None:
