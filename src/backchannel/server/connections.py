@@ -10,7 +10,7 @@ trickles in meanwhile, and aborts a connection whose client leaves the
 server's writes unread that long. :func:`server_config` builds uvicorn's
 configuration with it, for ``serve`` and the tests alike.
 
-The protocol also leaves in each request's scope (:data:`BODY_WRITE`) a function writing a
+The protocol also leaves in each request's scope (:data:`BODY_WRITER`) a :class:`BodyWriter` writing a
 chunk of the response's body straight to the connection, as uvicorn's ``send`` would (its
 chunked framing, the same bytes), for a streamed response's many small chunks: a token's
 chunk then costs one call, not an ASGI message and a coroutine. It writes only what ``send``
@@ -27,10 +27,10 @@ from typing import Any, cast
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-__all__ = ["BODY_WRITE", "DEFAULT_CLIENT_TIMEOUT", "BodyWrite", "limited_protocol", "server_config"]
+__all__ = ["BODY_WRITER", "DEFAULT_CLIENT_TIMEOUT", "BodyWriter", "limited_protocol", "server_config"]
 
 DEFAULT_CLIENT_TIMEOUT = 10.0
-BODY_WRITE = "backchannel.body_write"  # the scope key of the request's BodyWrite
+BODY_WRITER = "backchannel.body_writer"  # the scope key of the request's BodyWriter
 logger = logging.getLogger("backchannel.server")
 _LATE = b"the request's headers took too long to come"
 _TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
@@ -59,7 +59,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # (not an upgrade: a websocket's is another protocol)
-            cast("dict[str, Any]", self.scope)[BODY_WRITE] = BodyWrite(cycle)  # (an ASGI scope has room for more)
+            cast("dict[str, Any]", self.scope)[BODY_WRITER] = BodyWriter(cycle)  # (an ASGI scope has room for more)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -92,10 +92,9 @@ class _LimitedProtocol(HttpToolsProtocol):
         self.transport.abort()
 
 
-class BodyWrite:
-    """Writes a chunk of a request's response body (more to come) straight to its connection, as uvicorn's
-    ``send`` (``send``) would; returns ``False``, writing nothing, whenever ``send`` would not simply write it
-    (the client does not keep up, the response has not started or has ended, or is not chunked: a HEAD's)."""
+class BodyWriter:
+    """Writes chunks of a request's response body straight to its connection, as uvicorn's ``send`` (``send``)
+    would write them."""
 
     __slots__ = ("cycle", "send")
 
@@ -103,7 +102,10 @@ class BodyWrite:
         self.cycle = cycle
         self.send = cycle.send  # what it stands for: a caller given another send (a wrapper) must not use it
 
-    def __call__(self, body: bytes) -> bool:
+    def write(self, body: bytes) -> bool:
+        """Write ``body`` as a chunk of the body (more to come); ``False``, writing nothing, whenever ``send`` would
+        not simply write it (the client does not keep up, the response has not started or has ended, or is not
+        chunked: a HEAD's). A method, not ``__call__``: a bound method is called three times faster."""
         cycle = self.cycle
         if (cycle.flow.write_paused or cycle.disconnected or not cycle.response_started or cycle.response_complete
                 or not cycle.chunked_encoding or not body):

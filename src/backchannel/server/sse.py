@@ -23,7 +23,7 @@ scope (:data:`BODY_SEND`: it does while its middleware is its own, which acts on
 a response's start, CORS headers and errors before it, and passes each body
 message on unchanged); else through the middleware, as any response's. A pushed
 chunk goes straight to the connection when the server's protocol offers that
-(:data:`~backchannel.server.connections.BODY_WRITE`) for that same ``send``.
+(:data:`~backchannel.server.connections.BODY_WRITER`) for that same ``send``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from starlette.types import Message, Receive, Scope, Send
 from backchannel.errors import BackchannelError
 from backchannel.runtime.modes import StreamPart
 from backchannel.runtime.streams import Batches
-from backchannel.server.connections import BODY_WRITE, BodyWrite
+from backchannel.server.connections import BODY_WRITER
 from backchannel.server.routing import render_json
 
 __all__ = ["BODY_SEND", "SSE_HEARTBEAT", "OpenStreams", "PushedChunks", "StreamingBody", "Write", "encode_event",
@@ -182,7 +182,7 @@ class StreamingBody:
         self._stalled = False  # the client left a chunk unread too long: the sender was stopped
         # Pushed chunks: the body's send, the task finishing a send that had to wait, and what queued behind it
         self._send_body: Send | None = None
-        self._write: BodyWrite | None = None  # the connection's, when the body's send is the server's own
+        self._write: Callable[[bytes], bool] | None = None  # the connection's, when the body's send is the server's
         self._writer: asyncio.Task[None] | None = None
         self._queued: list[bytes] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -200,9 +200,9 @@ class StreamingBody:
             self.counter.count += 1
         try:
             send_body = scope.get(BODY_SEND, send)
-            write = scope.get(BODY_WRITE)
-            if write is not None and write.send == send_body:
-                self._write = write
+            writer = scope.get(BODY_WRITER)
+            if writer is not None and writer.send == send_body:
+                self._write = writer.write
             await self._respond(receive, send, send_body)
         finally:
             if self.counter is not None:
