@@ -83,7 +83,7 @@ class RunSpan:
         self.end: float | None = None
         self.status = "running"
         self.error: BaseException | None = None
-        self.usage = empty_usage()
+        self.usage: dict[str, Any] | None = None  # worked out as it ends (a live subagent keeps no empty one)
         self.otel: Any = None
 
 
@@ -112,7 +112,8 @@ class Trace:
     @property
     def usage(self) -> dict[str, Any]:
         """The tokens the root run used, its subagents included (and counted separately)."""
-        return self.runs[0].usage if self.runs else empty_usage()
+        usage = self.runs[0].usage if self.runs else None
+        return usage if usage is not None else empty_usage()
 
     def start_run(self, ctx: RunContext, agent_name: str | None, model: Any) -> RunSpan:
         """Open an agent run's span (ended by :meth:`end_run`); a subagent's nests under the tool call that runs it.
