@@ -5,6 +5,7 @@ import contextlib
 import time
 
 import pytest
+from subagent_helpers import stack_looker
 
 from backchannel import (
     HumanMessage,
@@ -121,6 +122,16 @@ async def test_agent_is_reusable_and_runs_do_not_share_state():
     second = await agent.ainvoke("b")
     assert [m.text for m in first["messages"]] == ["a", "one"]
     assert [m.text for m in second["messages"]] == ["b", "two"]
+
+
+async def test_a_single_tool_call_is_awaited_by_the_run_with_no_frame_between():
+    """A thousand live subagents each waiting on a tool hold each frame between the run and the tool a thousand
+    times; without wrap_tool_call middleware there is none."""
+    look, stack = stack_looker("seen")
+    state = await create_agent(ScriptedModel([{"tool_calls": [{"name": "look", "args": {}, "id": "c1"}]}, "ok"]),
+                               [look]).ainvoke("hi")
+    assert [m.text for m in state["messages"] if m.type == "tool"] == ["seen"]
+    assert stack[:3] == ["stack_looker.<locals>.look", "Agent._tool_call", "Agent._loop"]
 
 
 # -- parallel tool calls --------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +65,7 @@ class _Plan:
     call_model: ModelHandler
     call_tool: ToolHandler  # its outermost wrap_tool_call layer's errors are the caller's to name (see _flat_chain)
     tool_layer: str | None  # the middleware of that layer (None: no wrap_tool_call middleware)
+    available: str  # the tools' names, for the model when it calls one that does not exist
     reducers: dict[str, Reducer]
 
 
@@ -123,6 +124,7 @@ class Agent:
             hooks[h].reverse()
         prompts = [self.system_prompt, *(mw.system_prompt for mw in self.middleware)]
         reducers = reducers_of(self.state_schema)
+        available = ", ".join(sorted(tools)) or "none"
         for mw in self.middleware:
             reducers.update(reducers_of(mw.state_schema))
         self._plan = _Plan(
@@ -132,8 +134,9 @@ class Agent:
             system_prompt="\n\n".join(p for p in prompts if p) or None,
             hooks=hooks,
             call_model=_chain("wrap_model_call", hooks["wrap_model_call"], _invoke_model),
-            call_tool=_flat_chain("wrap_tool_call", hooks["wrap_tool_call"], _tool_invoker(sorted(tools))),
+            call_tool=_flat_chain("wrap_tool_call", hooks["wrap_tool_call"], _tool_invoker(available)),
             tool_layer=hooks["wrap_tool_call"][0][0] if hooks["wrap_tool_call"] else None,
+            available=available,
             reducers=reducers,
         )
         return self._plan
@@ -285,7 +288,7 @@ class Agent:
                     jump = await self._run_hooks(plan, "before_agent", state, ctx, start)
                     name = "after_agent" if jump else "before_model"
                 elif name == "before_model":
-                    arrived = await self._deliver_inbox(plan, state, ctx, unheard) if start == 0 and ctx.inbox else []
+                    arrived = await self._deliver_inbox(plan, state, ctx, unheard) if start == 0 and ctx.inbox else ()
                     unheard += arrived
                     if await self._run_hooks(plan, "before_model", state, ctx, start):
                         name, start = "after_agent", 0
@@ -331,6 +334,7 @@ class Agent:
                             raise
                         name = "after_agent" if direct else "before_model"
                         await self._apply(plan, state, ctx, "tools", update, name)
+                        del update  # not held in this frame through the next tool call (a live run waits in it)
                     else:
                         name = "after_agent" if await self._run_batch(plan, calls, state, ctx) else "before_model"
                     if self._breaks(ctx, "after", called):
@@ -409,7 +413,7 @@ class Agent:
         return None
 
     async def _deliver_inbox(self, plan: _Plan, state: dict[str, Any], ctx: RunContext,
-                             taken: Sequence[AnyMessage]) -> list[AnyMessage]:
+                             taken: Sequence[AnyMessage]) -> Sequence[AnyMessage]:
         """Add the messages waiting in the inbox (and not ``taken`` in already) to the state; returns them.
         They are acknowledged once a model call has heard them."""
         assert ctx.inbox is not None
@@ -418,7 +422,7 @@ class Agent:
         if arrived:
             ctx.trace.took_notifications(ctx, arrived)
             await self._apply(plan, state, ctx, "inbox", {"messages": arrived}, "before_model")
-        return arrived
+        return arrived or ()  # an empty list would stay in the run's frame through its next steps
 
     async def _call_model(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> AIMessage:
         request = ModelRequest(plan.model, state["messages"], plan.system_prompt, plan.tool_list,
@@ -498,9 +502,19 @@ class Agent:
             else:
                 # The interrupt scope covers wrap_tool_call middleware too (e.g. an approval step).
                 scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
+                # A nested agent started meanwhile (by the tool or a middleware) reports as this run's subagent.
+                caller = current_tool_call.set(CallingTool(ctx, call["id"], asyncio.get_running_loop()))
                 request = ToolCallRequest(call, tool, state, ctx)
                 try:
-                    result = await plan.call_tool(request)
+                    if plan.tool_layer is None:  # no wrap_tool_call middleware: the tool is awaited in this frame
+                        try:
+                            output = await _started_tool(request, plan.available)
+                        except BaseException as exc:
+                            result = _tool_failure(request, exc)
+                        else:
+                            result = _tool_output(request, output)
+                    else:
+                        result = await plan.call_tool(request)
                 except Exception as exc:  # the outermost layer's, named here (that layer has no frame of its own)
                     error = _middleware_error(plan.tool_layer, "wrap_tool_call", exc)
                     if error is None:
@@ -510,6 +524,7 @@ class Agent:
                     if plan.hooks["after_tool_call"]:
                         result = await _after_tool_call(plan.hooks["after_tool_call"], request, result)
                 finally:
+                    current_tool_call.reset(caller)
                     current_scope.reset(scope)
             update, direct, message = _tool_update(result, call, tool)
         except BaseException as exc:
@@ -816,40 +831,59 @@ async def _invoke_model(request: ModelRequest) -> AIMessage:
     return message
 
 
-def _tool_invoker(tool_names: Sequence[str]) -> ToolHandler:
-    """The innermost tool handler: the call itself, every failure an error message for the model."""
-    available = ", ".join(tool_names) or "none"
+def _tool_invoker(available: str) -> ToolHandler:
+    """The innermost tool handler under ``wrap_tool_call`` middleware: the call itself, every failure an error
+    message for the model (without such middleware the agent's ``_tool_call`` does the same in its own frame)."""
 
     async def invoke_tool(request: ToolCallRequest) -> ToolMessage | ToolResult:
-        call, tool, ctx = request.call, request.tool, request.ctx
-        if tool is None:
-            return _error_message(call, f"there is no tool named {call['name']!r}. Available tools: {available}.")
-        runtime = None
-        if tool.runtime_param is not None:
-            runtime = ToolRuntime(ctx.thread_id, ctx.run_id, ctx.agent, call["id"], request.state,
-                                  ctx.context, ctx.store, ctx.emit_custom, ctx)
-        caller = current_tool_call.set(CallingTool(ctx, call["id"], asyncio.get_running_loop()))
         try:
-            output = await tool.start(call["args"], runtime)
-        except ToolArgumentsError as exc:
-            return _error_message(call, f"invalid arguments for tool {tool.name!r}: {exc}. "
-                                        "Call the tool again with arguments that match its schema.")
-        except ToolError as exc:
-            return _error_message(call, str(exc))
-        except (GraphInterrupt, asyncio.CancelledError, StorageUnavailableError, LostRunError) as exc:
-            # The run's own database is away, or the run is another process's now: it stops here, and
-            # wrap_tool_call middleware lets it through as it is.
-            _mark_passthrough(exc)
-            raise
-        except BaseException as exc:  # SystemExit from argparse, KeyboardInterrupt from a library: the tool failed
-            return _error_message(call, f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}")
-        finally:
-            current_tool_call.reset(caller)
-        if isinstance(output, (ToolMessage, ToolResult)):
-            return output
-        return _result_message(output, call, tool.name)
+            output = await _started_tool(request, available)
+        except BaseException as exc:
+            return _tool_failure(request, exc)
+        return _tool_output(request, output)
 
     return invoke_tool
+
+
+def _started_tool(request: ToolCallRequest, available: str) -> Awaitable[Any]:
+    """The call's tool started, to await: its arguments validated (``ToolArgumentsError``), an unknown tool a
+    ``ToolError``."""
+    call, tool, ctx = request.call, request.tool, request.ctx
+    if tool is None:
+        raise ToolError(f"there is no tool named {call['name']!r}. Available tools: {available}.")
+    runtime = None
+    if tool.runtime_param is not None:
+        runtime = ToolRuntime(ctx.thread_id, ctx.run_id, ctx.agent, call["id"], request.state,
+                              ctx.context, ctx.store, ctx.emit_custom, ctx)
+    return tool.start(call["args"], runtime)
+
+
+def _tool_output(request: ToolCallRequest, output: Any) -> ToolMessage | ToolResult:
+    """A tool's output as its result: a message or result as it is, anything else as a message's content."""
+    if isinstance(output, (ToolMessage, ToolResult)):
+        return output
+    return _result_message(output, request.call, _tool_name(request))
+
+
+def _tool_failure(request: ToolCallRequest, exc: BaseException) -> ToolMessage:
+    """What the model is told of a tool call that raised ``exc``; ``exc`` raised again when it stops the run."""
+    call, name = request.call, _tool_name(request)
+    if isinstance(exc, ToolArgumentsError):
+        return _error_message(call, f"invalid arguments for tool {name!r}: {exc}. "
+                                    "Call the tool again with arguments that match its schema.")
+    if isinstance(exc, ToolError):
+        return _error_message(call, str(exc))
+    if isinstance(exc, (GraphInterrupt, asyncio.CancelledError, StorageUnavailableError, LostRunError)):
+        # The run's own database is away, or the run is another process's now: it stops here, and
+        # wrap_tool_call middleware lets it through as it is.
+        _mark_passthrough(exc)
+        raise exc
+    # SystemExit from argparse, KeyboardInterrupt from a library: the tool failed
+    return _error_message(call, f"tool {name!r} failed: {type(exc).__name__}: {exc}")
+
+
+def _tool_name(request: ToolCallRequest) -> str:
+    return request.tool.name if request.tool is not None else request.call["name"]
 
 
 def _chain(hook: str, wrappers: list[tuple[str, Any]], innermost: Any) -> Any:
