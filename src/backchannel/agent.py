@@ -20,7 +20,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel.context import Breakpoints, CallingTool, RunContext, current_tool_call, forward_events
+from backchannel.context import NOTHING, Breakpoints, CallingTool, RunContext, current_tool_call, forward_events
 from backchannel.errors import LostRunError, MaxIterationsError, MiddlewareError, StorageUnavailableError
 from backchannel.events import Event, EventBus, filter_metadata
 from backchannel.interrupts import GraphInterrupt, InterruptScope, current_scope
@@ -468,7 +468,7 @@ class Agent:
                     merged[key] = getattr(reducer, "merge", reducer)(merged[key], value)
                 else:
                     merged[key] = value
-        ctx.pending_tools = {}
+        ctx.pending_tools = NOTHING
         await self._apply(plan, state, ctx, "tools", merged, "after_agent" if direct else "before_model")
         return direct
 

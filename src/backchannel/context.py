@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 from backchannel.events import Event, EventBus
@@ -57,6 +58,11 @@ class Breakpoints:
     resumed: bool = False
 
 
+# What a run with no resume values or pending tool results holds: one shared empty mapping (thousands of live
+# background runs each held two empty dicts).
+NOTHING: Mapping[str, Any] = MappingProxyType({})
+
+
 @dataclass(slots=True)
 class RunContext:
     """One agent run as hooks and tools see it."""
@@ -71,8 +77,8 @@ class RunContext:
     metadata: dict[str, Any] = field(default_factory=dict)
     recorder: StepRecorder | None = None
     inbox: Inbox | None = None
-    resume: dict[str, Any] = field(default_factory=dict)
-    pending_tools: dict[str, Any] = field(default_factory=dict)
+    resume: Mapping[str, Any] = field(default_factory=lambda: NOTHING)  # interrupt id -> the value it resumes with
+    pending_tools: Mapping[str, Any] = field(default_factory=lambda: NOTHING)  # call id -> its result before a crash
     runtime: HostRuntime | None = None  # the runtime the run executes in
     parent: RunContext | None = None
     deadline: float | None = None  # event-loop time by which the run must end (it then times out)

@@ -10,6 +10,7 @@ tool call, position), so they are the same on every replay.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ class InterruptScope:
     """Where ``interrupt`` is being called from, and the resume values available there."""
 
     key: str
-    resume: dict[str, Any] = field(default_factory=dict)
+    resume: Mapping[str, Any] = field(default_factory=dict)
     count: int = 0
 
 

@@ -75,7 +75,7 @@ class ThreadState:
     newest: bool = False  # known to be the thread's newest state: a write appends after its head
     folded: int = 0  # bytes a read of this state folds: its nearest whole checkpoint and the deltas since
     looked: int = 0  # ``folded`` when the state's own size was last compared with it
-    rendered: dict[str, tuple[AnyMessage, dict[str, Any]]] = field(default_factory=dict)  # by message id
+    rendered: dict[str, tuple[AnyMessage, dict[str, Any]]] | None = None  # by message id, once a read renders one
     counts: dict[str, int] = field(default_factory=dict)  # messages at its latest checkpoints (by id), oldest first
     base_id: str | None = None  # the checkpoint of the nearest base on its chain, when the steps since only appended
     base_count: int = 0  # messages at that base
@@ -246,7 +246,11 @@ class Checkpointer:
         rendering of it until then: read-only (a caller changing it would change what others see, and the
         message itself), which costs less than copying each one for each caller."""
         cached = self._latest.get(thread_id)
-        rendered = cached.rendered if cached is not None else {}
+        rendered: dict[str, tuple[AnyMessage, dict[str, Any]]] = {}
+        if cached is not None:
+            if cached.rendered is None:
+                cached.rendered = rendered
+            rendered = cached.rendered
         out: dict[str, Any] = {}
         for key, value in values.items():
             if key == "messages" and isinstance(value, list):

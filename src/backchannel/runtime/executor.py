@@ -23,7 +23,7 @@ from typing import Any
 
 from backchannel._clock import now_iso
 from backchannel.agent import Agent, describe_error, stops_run
-from backchannel.context import Breakpoints, RunContext
+from backchannel.context import NOTHING, Breakpoints, RunContext
 from backchannel.errors import BackchannelError, LostRunError, NotFoundError, StorageUnavailableError
 from backchannel.messages import AnyMessage, ToolMessage, messages_from_input, pending_tool_calls
 from backchannel.protocols import HostRuntime
@@ -178,12 +178,12 @@ class Executor:
         else:  # read together: one round trip where the storage batches a tick's reads
             state, inbox = await asyncio.gather(self._load_state(row, reducers),
                                                 self.mail.open_inbox(row.thread_id, claim))
-        pending = {}
+        pending: Mapping[str, Any] = NOTHING
         resuming = blank is None and state.head is not None and state.head.run_id == row.run_id  # after a crash
         if resuming:
             stored = await self.storage.pending_writes(row.thread_id)
             pending = {call_id: _decode_pending(value) for call_id, value in stored.items()}
-        resume: dict[str, Any] = {}
+        resume: Mapping[str, Any] = NOTHING
         if blank is not None and blank.head is not None:  # its input, written with its claim
             stage = "before_agent"
             self._show_input(row, state, stream, agent)
@@ -216,7 +216,7 @@ class Executor:
         return latest
 
     async def _prepare(self, row: RunRow, state: ThreadState, reducers: Mapping[str, Reducer],
-                       stream: RunStream, agent: Agent) -> tuple[str, dict[str, Any]]:
+                       stream: RunStream, agent: Agent) -> tuple[str, Mapping[str, Any]]:
         """Apply the run's input or command; returns the stage to start at and the resume values."""
         kwargs = row.kwargs
         command = kwargs.get("command") or {}
@@ -226,7 +226,7 @@ class Executor:
             if thread is None:
                 raise NotFoundError(f"Thread with ID {row.thread_id} not found")
             resume = resume_map(thread, command["resume"])
-        resume = resume or {}
+        resume = resume or NOTHING
         if state.head is not None and state.head.run_id == row.run_id:
             return state.next_stage, resume  # this run was interrupted by a crash: continue it
         step = state.head.metadata.get("step", -1) if state.head else -2  # a thread's first input is step -1
