@@ -115,6 +115,38 @@ async def test_a_heartbeat_does_not_wait_behind_a_write_held_by_a_lock(postgres_
         await storage.close()
 
 
+async def test_a_run_s_end_sees_mail_stored_while_it_waited_for_the_thread(postgres_url):
+    """Mail stored by a transaction that held the thread's row as the run's end came (put_inbox locks it, as
+    finish_run does) is seen by that end, which waited for the lock: the end says mail waits (the thread is woken
+    for it), though it was committed after the end's statement began."""
+    import uuid
+
+    import psycopg
+
+    from backchannel.runtime.rows import RunEnd, RunRow
+
+    storage = open_storage(postgres_url)
+    await storage.open()
+    mailer = await psycopg.AsyncConnection.connect(postgres_url)
+    try:
+        now = now_iso()
+        await storage.create_thread(ThreadRow("t", now, now, status="busy"))
+        run_id = str(uuid.uuid4())
+        await storage.create_run(RunRow(run_id, "t", "a", now, now, "running", {}, {}, "enqueue", "w", now))
+        async with mailer.transaction():  # as put_inbox stores a message
+            await mailer.execute("SELECT 1 FROM threads WHERE thread_id = 't' FOR UPDATE")
+            await mailer.execute("INSERT INTO inbox (thread_id, key, message, created_at) VALUES ('t', 'k', %s, %s)",
+                                 ('{"type": "human", "content": "hi"}', now))
+            ending = asyncio.ensure_future(storage.finish_run(RunEnd(run_id, "t", "success", "idle", now_iso())))
+            await asyncio.sleep(0.3)
+            assert not ending.done()  # it waits for the thread's row
+        assert await asyncio.wait_for(ending, 10) is True
+        assert (await storage.get_thread("t")).status == "idle"
+    finally:
+        await mailer.close()
+        await storage.close()
+
+
 async def test_writes_made_together_take_one_round_trip(postgres_url, monkeypatch):
     # Writes made in one tick go in one transaction: the pipeline's own (its statements up to its one Sync), not
     # psycopg's transaction(), which syncs after BEGIN and around COMMIT in a pipeline, a round trip each (22.2).

@@ -252,6 +252,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX runs_running_by_key ON runs(concurrency_key) WHERE status = 'running' "
         "AND concurrency_key IS NOT NULL",
     ),
+    (  # whether a thread has mail waiting, read with a snapshot of its own (VOLATILE): a run's end calls it once
+        # its statement holds the thread's row, and sees the mail stored before it took the lock
+        """CREATE FUNCTION undelivered_mail(thread TEXT) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN
+            RETURN EXISTS (SELECT 1 FROM inbox WHERE thread_id = thread AND NOT delivered);
+        END $$""",
+    ),
 )
 _ASSISTANT_SELECT = ASSISTANT_COLUMNS.replace("metadata", "metadata::text")
 _ASSISTANT_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s"
@@ -776,14 +783,15 @@ class PostgresStorage(Storage):
 
     async def finish_run(self, end: RunEnd) -> bool:
         # The updates in one statement (its parts see the database as it was before it, hence "run_id <>
-        # the run"); it locks the thread's row, as put_inbox does. The mail is looked for in a statement
-        # of its own, after it: mail stored before the lock was taken is seen there, and whoever stores
+        # the run"); it locks the thread's row, as put_inbox does. The mail is looked for once the thread's row
+        # is updated (so locked), by a function that reads with a snapshot of its own (the statement's was taken
+        # before it waited for the lock): mail stored before the lock was taken is seen there, and whoever stores
         # mail after it was released sees the run ended (and wakes the thread).
         checkpoint_id, stage = end.checkpoint_next or (None, None)
         # Under a claim, every part is conditional on the claim holding (the run's row locked meanwhile).
         held, holds = ("held AS (SELECT 1 FROM runs WHERE run_id = %(run)s AND claim = %(claim)s AND status = "
                        "'running' FOR UPDATE), ", " AND EXISTS (SELECT 1 FROM held)") if end.claim else ("", "")
-        updated = self._queue(
+        found = await self._write_one(
             f"WITH {held}r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s, "
             f"  usage = %(usage)s WHERE run_id = %(run)s{holds}), "
             "s AS (INSERT INTO run_spans SELECT %(run)s, %(thread)s, %(spans)s::text WHERE %(spans)s::text IS NOT NULL "
@@ -791,23 +799,20 @@ class PostgresStorage(Storage):
             "t AS (UPDATE threads SET status = CASE WHEN EXISTS (SELECT 1 FROM runs WHERE thread_id = %(thread)s "
             "  AND run_id <> %(run)s AND status IN ('pending', 'running')) THEN 'busy' ELSE %(thread_status)s END, "
             "  error = %(thread_error)s, updated_at = %(at)s, interrupts = coalesce(%(interrupts)s, interrupts) "
-            f"  WHERE thread_id = %(thread)s{holds}), "
+            f"  WHERE thread_id = %(thread)s{holds} RETURNING thread_id), "
             "c AS (UPDATE checkpoints SET next = %(stage)s WHERE thread_id = %(thread)s "
             f"  AND checkpoint_id = %(checkpoint)s{holds}) "
-            f"SELECT {'count(*) FROM held' if end.claim else '1'}",
+            f"SELECT {'(SELECT count(*) FROM held)' if end.claim else '1'}, "
+            "(SELECT bool_or(undelivered_mail(thread_id)) FROM t)",
             {"status": end.status, "error": dump(end.error) if end.error else None, "at": end.updated_at,
              "run": end.run_id, "thread": end.thread_id, "thread_status": end.thread_status,
              "thread_error": dump(end.thread_error) if end.thread_error else None,
              "interrupts": None if end.interrupts is None else dump(end.interrupts),
              "stage": stage, "checkpoint": checkpoint_id, "usage": dump(end.usage) if end.usage else None,
-             "spans": None if end.spans is None else dump(end.spans), "claim": end.claim}, "one")
-        # Queued at once, so it follows the update in the same batch (a statement, not a round trip, more).
-        mail = self._queue("SELECT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %s AND NOT delivered)",
-                           (end.thread_id,), "one")
-        holding, found = await asyncio.gather(updated, mail)
-        if not (holding and holding[0]):
+             "spans": None if end.spans is None else dump(end.spans), "claim": end.claim})
+        if not (found and found[0]):
             raise LostRunError(f"run {end.run_id} is no longer this process's to run: its end was not recorded")
-        return bool(found and found[0])
+        return bool(found[1])
 
     async def run_spans(self, thread_id: str) -> dict[str, list[dict[str, Any]]]:
         rows = await self._all("SELECT run_id, spans FROM run_spans WHERE thread_id = %s", (thread_id,))
