@@ -170,11 +170,11 @@ class ThreadRuns:
     each with its stream, kept from its start. ``values`` asks every run for full-state snapshots.
 
     New runs are watched for from construction, so a run made right after is not missed: one made here is seen as it
-    is made; one made in another process is heard of once this process listens to the thread (asked for at
-    construction, once the storage has said where the runs made from then on begin), and one made before that is
-    read back then (under way, queued, or made since and ended). Once messages may have been lost (the listening
-    connection was down), the runs made since the last read are read back again: a position in the storage, not a
-    time, so no run is missed whatever the clocks of the processes say.
+    is made; one made in another process after the storage noted where the runs made from then on begin (at once,
+    before this process listens to the thread) is heard of once it listens, or read back then with those under way
+    or queued, ended too. Once messages may have been lost (the listening connection was down), the runs made since
+    the last read are read back again. A position in the storage, not a time: no run is missed whatever the
+    processes' clocks say. Runs come in the order they were made: those heard of while a read is due wait for it.
     """
 
     def __init__(self, follower: Follower, thread_id: str, values: bool) -> None:
