@@ -206,6 +206,28 @@ async def test_finish_run_records_the_run_its_thread_and_where_the_thread_contin
     assert (await storage.head_checkpoint("t1")).next == "tools"
 
 
+async def test_runs_since_a_position_are_those_under_way_and_those_made_after_it(storage):
+    """Where other processes make runs (a position given), the runs made after it come back though they ended,
+    older ones only while under way; where none can (no position), the runs under way. Oldest first, with a
+    position after which the next read starts."""
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t1", now, now, status="busy"))
+    queued_before, ended_before = _run("t1"), _run("t1", status="running")
+    for run in (queued_before, ended_before):
+        await storage.create_run(run)
+    await storage.finish_run(RunEnd(ended_before.run_id, "t1", "success", "busy", now, interrupts=[]))
+    position = await storage.run_position()
+    ended_after, queued_after = _run("t1", status="running"), _run("t1")
+    for run in (ended_after, queued_after):
+        await storage.create_run(run)
+    await storage.finish_run(RunEnd(ended_after.run_id, "t1", "success", "busy", now, interrupts=[]))
+    rows, later = await storage.runs_since("t1", position)
+    made_since = [ended_after.run_id] if position is not None else []
+    assert [r.run_id for r in rows] == [queued_before.run_id, *made_since, queued_after.run_id]
+    rows, _ = await storage.runs_since("t1", later)
+    assert [r.run_id for r in rows] == [queued_before.run_id, queued_after.run_id]
+
+
 async def test_finish_run_leaves_the_thread_busy_while_another_run_waits(storage):
     now = now_iso()
     await storage.create_thread(ThreadRow("t1", now, now, status="busy"))
