@@ -238,17 +238,27 @@ def run_status(url: str, thread_id: str) -> str:
     return httpx.get(f"{url}/threads/{thread_id}/runs", timeout=30).json()[0]["status"]
 
 
+def stream_unread_to_its_end(url: str, assistant: str) -> socket.socket:
+    """A run of ``assistant`` streamed (messages-tuple) on a new thread to a client that reads nothing until the run
+    has ended: the socket, its response unread."""
+    tid = httpx.post(f"{url}/threads", json={}).json()["thread_id"]
+    sock = raw_stream(url, tid, {"assistant_id": assistant, "input": user("go"), "stream_mode": ["messages-tuple"]})
+    try:
+        until(lambda: httpx.get(f"{url}/threads/{tid}/runs").json() != [], 10, "the run was not made")
+        until(lambda: run_status(url, tid) == "success", 60, "the run waited for its reader")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def test_a_reader_that_falls_behind_gets_every_token_in_order_and_holds_up_neither_run_nor_others(tmp_path):
     """A reader that reads nothing for a while (less than its patience): its run goes on to its end meanwhile,
     another client's stream is served at once, and when it reads on it gets every token, each once, in order."""
     runtime = LocalRuntime(f"sqlite:///{tmp_path / 'db'}", {"talker": talker, "echo": AGENTS["echo"]})
     with ThreadServer(create_app(runtime, client_timeout=60), client_timeout=60) as server:
-        tid = httpx.post(f"{server.url}/threads", json={}).json()["thread_id"]
-        sock = raw_stream(server.url, tid, {"assistant_id": "talker", "input": user("go"),
-                                            "stream_mode": ["messages-tuple"]})
+        sock = stream_unread_to_its_end(server.url, "talker")
         try:
-            until(lambda: httpx.get(f"{server.url}/threads/{tid}/runs").json() != [], 10, "the run was not made")
-            until(lambda: run_status(server.url, tid) == "success", 60, "the run waited for its reader")
             other = httpx.post(f"{server.url}/threads", json={}).json()["thread_id"]
             started = time.monotonic()
             with httpx.stream("POST", f"{server.url}/threads/{other}/runs/stream", timeout=30,
@@ -353,12 +363,8 @@ def test_a_reader_that_falls_behind_mid_burst_gets_every_token_in_order(tmp_path
     reads nothing for a while): it waits its turn with the others, and the reader gets every token once, in order."""
     runtime = LocalRuntime(f"sqlite:///{tmp_path / 'db'}", {"big": create_agent(BigBursts(), name="big")})
     with ThreadServer(create_app(runtime, client_timeout=60), client_timeout=60) as server:
-        tid = httpx.post(f"{server.url}/threads", json={}).json()["thread_id"]
-        sock = raw_stream(server.url, tid, {"assistant_id": "big", "input": user("go"),
-                                            "stream_mode": ["messages-tuple"]})
+        sock = stream_unread_to_its_end(server.url, "big")
         try:
-            until(lambda: httpx.get(f"{server.url}/threads/{tid}/runs").json() != [], 10, "the run was not made")
-            until(lambda: run_status(server.url, tid) == "success", 60, "the run waited for its reader")
             _head, body = read_response(sock, timeout=60)
         finally:
             sock.close()
