@@ -7,7 +7,9 @@ them), so this counts the CPU time each run costs: the server processes' (``utim
 (``wrk``, 32 connections in all, split over the processes, each looping ``POST /threads/{new id}/runs/wait``
 of the one-step echo agent of ``bench/server.py``), divided by the runs that ended meanwhile (counted in
 the database). Postgres's own background processes (WAL writer, checkpointer) are shared with whatever
-else uses the cluster and are not counted.
+else uses the cluster and are not counted. Where Aegra is installed (``.venv-aegra``, see ``bench/server.py``),
+it is measured beside them the same way, serving the same graph as ``langgraph dev`` on a scratch database
+of the same cluster (its backends: every connection to that database).
 
 Targets: Postgres with one process ≤ 1.3× SQLite's CPU per run (servers and backends together), and with
 2 and 4 processes ≤ 1.1× the single-process figure. CPU time is less sensitive to a busy machine than
@@ -38,7 +40,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 from _cli import arguments, emit_report  # noqa: E402  (sibling scripts)
 from scale import PROCESSES, servers  # noqa: E402
-from server import USER, children, wrk_load  # noqa: E402
+from server import USER, aegra_python, aegra_server, children, scratch_database, wrk_load  # noqa: E402
 
 CONNECTIONS = 32
 TARGETS = {"postgres_vs_sqlite": 1.3, "processes_vs_one": 1.1}
@@ -71,10 +73,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Database:
-    """What the bench reads from the servers' database: runs ended, and (Postgres) the backends' pids."""
+    """What the bench reads from the servers' database: runs ended, and (Postgres) the backends' pids: those
+    of ``app`` (an ``application_name``), or with ``own_database`` every other connection to the database."""
 
-    def __init__(self, url: str, app: str | None) -> None:
-        self.url, self.app = url, app
+    def __init__(self, url: str, app: str | None, *, own_database: bool = False) -> None:
+        self.url, self.app, self.own_database = url, app, own_database
 
     def ended_runs(self) -> int:
         if self.url.startswith("sqlite:///"):
@@ -88,6 +91,12 @@ class Database:
             return found[0]
 
     def backends(self) -> list[int]:
+        if self.own_database:
+            import psycopg
+
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                return [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                                                   " AND pid <> pg_backend_pid()").fetchall()]
         if self.app is None:
             return []
         import psycopg
@@ -135,6 +144,10 @@ def _cpu_of(pids: list[int], backends: list[int]) -> float:
 
 def sample(store: str, count: int, postgres: str | None, seconds: float) -> Sample:
     with tempfile.TemporaryDirectory(prefix="bench-pg-cpu-") as tmp, ExitStack() as stack:
+        if store == "aegra":
+            database = stack.enter_context(scratch_database(postgres or ""))
+            url, pid = stack.enter_context(aegra_server(Path(tmp), database))
+            return measure([url], [pid], Database(database, None, own_database=True), seconds)
         if store == "sqlite":
             database, app = f"sqlite:///{tmp}/state.db", None
         else:
@@ -148,6 +161,8 @@ def sample(store: str, count: int, postgres: str | None, seconds: float) -> Samp
 
 def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:
     configurations = [("sqlite", 1)] + ([("postgres", n) for n in PROCESSES] if postgres else [])
+    aegra = _aegra_missing() if postgres else "no Postgres"
+    configurations += [] if aegra else [("aegra", 1)]
     samples: dict[tuple[str, int], list[Sample]] = {c: [] for c in configurations}
     for _ in range(repeats):  # in turns, so a busy moment of the machine does not fall on one configuration
         for store, count in configurations:
@@ -165,7 +180,21 @@ def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:
         }
     if not postgres:
         results["missing"] = "no Postgres: pass --postgres URL or set BACKCHANNEL_TEST_POSTGRES"
+    if aegra:
+        results["aegra_missing"] = aegra
     return results
+
+
+def _aegra_missing() -> str | None:
+    """Why Aegra cannot be measured here, or None."""
+    try:
+        aegra_python()
+    except ModuleNotFoundError as exc:
+        return str(exc)
+    return None
+
+
+_STORES = {"sqlite": "SQLite", "postgres": "Postgres", "aegra": "Aegra, Postgres"}
 
 
 def render(results: dict[str, Any], out: Any) -> None:
@@ -178,7 +207,7 @@ def render(results: dict[str, Any], out: Any) -> None:
     one = rows.get("postgres:1", {}).get("total_us_per_run")
     for key, row in rows.items():
         store, count = key.split(":")
-        label = f"{'SQLite' if store == 'sqlite' else 'Postgres'}, {count} process{'es' if count != '1' else ''}"
+        label = f"{_STORES[store]}, {count} process{'es' if count != '1' else ''}"
         total = row["total_us_per_run"]
         vs_one = f"{total / one:.2f}×" if store == "postgres" and one else ""
         print(f"{label:<24}{row['server_us_per_run']:>11,.0f}{row['postgres_us_per_run']:>13,.0f}{total:>10,.0f}"
@@ -190,6 +219,11 @@ def render(results: dict[str, Any], out: Any) -> None:
     worst = max(rows[f"postgres:{n}"]["total_us_per_run"] for n in PROCESSES if n > 1) / one
     print(f"targets: Postgres ≤ {TARGETS['postgres_vs_sqlite']}× SQLite (now {one / sqlite:.2f}×); 2 and 4 processes "
           f"≤ {TARGETS['processes_vs_one']}× one (now at most {worst:.2f}×)", file=out)
+    if "aegra:1" in rows:
+        print(f"Aegra, 1 process: {rows['aegra:1']['total_us_per_run'] / one:.1f}× backchannel's CPU per run on "
+              "Postgres, 1 process", file=out)
+    else:
+        print(f"Aegra: not measured ({results['aegra_missing']})", file=out)
 
 
 def main(argv: list[str] | None = None) -> int:

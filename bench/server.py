@@ -19,11 +19,17 @@ default); ``langgraph dev`` on its in-memory runtime.
   the stream's first event of that run (its ``lifecycle`` ``running``), p50;
 * **peak RSS** of the server process (``VmHWM``) once every workload has run.
 
+With a Postgres (``--postgres URL``, by default ``$BACKCHANNEL_TEST_POSTGRES``), a second table sets
+``backchannel serve`` on a scratch schema of it beside Aegra (``aegra-api``, an open Agent Protocol server
+on Postgres) on a scratch database of the same cluster, serving the same graph ``langgraph dev`` serves:
+latency, runs/s, time to first event and peak RSS (Aegra has neither thread followers nor the v2 stream).
+Aegra needs ``.venv-aegra`` (see README.md; or ``$AEGRA_PYTHON``, a Python that has ``aegra_api``).
+
 Targets for backchannel on SQLite: p50 ≤ 5 ms, ≥ 1,000 runs/s, time to first event p50 ≤ 5 ms,
 peak RSS ≤ 80 MiB. ``langgraph dev`` needs ``langgraph-cli[inmem]`` and ``langchain`` in
 ``.venv-peers`` (see README.md); without it that column says "not installed". Usage::
 
-    python bench/server.py [--quick] [--json]
+    python bench/server.py [--quick] [--json] [--postgres URL]
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -55,6 +62,7 @@ from _cli import arguments, emit_report  # noqa: E402  (a sibling script, not a 
 CLIENTS = 32
 TARGETS = {"latency_p50_ms": 5.0, "runs_per_second": 1000.0, "first_event_p50_ms": 5.0, "peak_rss_mib": 80.0}
 SERVERS = ("backchannel", "langgraph dev")
+AEGRA_VENV = BENCH.parent / ".venv-aegra"
 
 BACKCHANNEL_AGENT = '''
 from backchannel import HumanMessage, ScriptedModel, create_agent
@@ -103,8 +111,8 @@ class Result:
     runs_per_second: float
     failed_runs: int
     first_event_p50_ms: float
-    follower_first_event_p50_ms: float
-    v2_first_event_p50_ms: float
+    follower_first_event_p50_ms: float | None  # None: the server has no such stream (Aegra)
+    v2_first_event_p50_ms: float | None
     peak_rss_mib: float
 
 
@@ -114,13 +122,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 120.0) -> None:
+def wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 120.0, *,
+                  health: str = "/ok") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the server exited:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{health}", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -166,10 +175,57 @@ def langgraph_server(workdir: Path, *, graph: str | None = None, assistant: str 
         yield url, process.pid
 
 
+def aegra_python() -> str:
+    """The Python that has ``aegra_api``: ``$AEGRA_PYTHON``, else ``.venv-aegra``'s (Aegra's pins would fight
+    ``.venv-peers``'s)."""
+    python = os.environ.get("AEGRA_PYTHON") or str(AEGRA_VENV / "bin" / "python")
+    if not (os.path.exists(python) and subprocess.run([python, "-c", "import aegra_api"],
+                                                      capture_output=True).returncode == 0):
+        raise ModuleNotFoundError(f"aegra-api is not installed ({python} has no aegra_api; see bench/README.md)")
+    return python
+
+
 @contextmanager
-def _process(command: list[str], workdir: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def scratch_database(url: str) -> Iterator[str]:
+    """The URL of a new database in the cluster of ``url`` (a Postgres URL), dropped afterwards."""
+    import psycopg
+    from psycopg import sql
+
+    name = f"bench_aegra_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@contextmanager
+def aegra_server(workdir: Path, database: str, *, assistant: str = "echo") -> Iterator[tuple[str, int]]:
+    """Aegra (``uvicorn aegra_api.main:app``) serving ``LANGGRAPH_AGENT``'s graph as ``assistant`` on the Postgres
+    ``database`` (a URL; it migrates it). Its connection pools get backchannel's size (10; Aegra's default is 2
+    for its own statements, 6 for LangGraph's checkpointer), its request log is off (``LOG_LEVEL=WARNING``)."""
+    python = aegra_python()
+    (workdir / "graph.py").write_text(LANGGRAPH_AGENT.format(bench=str(BENCH)))
+    (workdir / "aegra.json").write_text(json.dumps({"graphs": {assistant: "./graph.py:graph"}}))
+    port = free_port()
+    log = workdir / "aegra.log"
+    env = {"DATABASE_URL": database, "AEGRA_CONFIG": str(workdir / "aegra.json"), "LOG_LEVEL": "WARNING",
+           "SQLALCHEMY_POOL_SIZE": "10", "LANGGRAPH_MAX_POOL_SIZE": "10"}
+    command = [python, "-m", "uvicorn", "aegra_api.main:app", "--host", "127.0.0.1", "--port", str(port),
+               "--no-access-log"]
+    with _process(command, workdir, log, env) as process:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, process, log, health="/health")
+        yield url, process.pid
+
+
+@contextmanager
+def _process(command: list[str], workdir: Path, log: Path,
+             env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, "PYTHONPATH": str(workdir), "LANGSMITH_TRACING": "false", "LANGCHAIN_TRACING_V2": "false",
-           "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
+           "LANGGRAPH_CLI_NO_ANALYTICS": "1", **(env or {})}
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
@@ -215,7 +271,8 @@ def children(pid: int) -> list[int]:
 USER = {"messages": [{"role": "user", "content": "hello"}]}
 
 
-async def measure(url: str, pid: int, settings: Settings) -> Result:
+async def measure(url: str, pid: int, settings: Settings, *, followers: bool = True) -> Result:
+    """Every workload on the server at ``url``; without ``followers``, not the thread follower and v2 stream's."""
     limits = httpx.Limits(max_connections=CLIENTS * 2, max_keepalive_connections=CLIENTS * 2)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
         for _ in range(20):  # warm up
@@ -223,12 +280,13 @@ async def measure(url: str, pid: int, settings: Settings) -> Result:
         pairs = sorted([await _create_and_wait(http) for _ in range(settings.latency_pairs)])
         load = await _throughput(http, settings.throughput_seconds)
         firsts = sorted([await _first_event(http) for _ in range(settings.first_events)])
-        followed = sorted(await _follower_first_events(http, settings.first_events))
-        v2 = sorted(await _v2_first_events(http, settings.first_events))
+        followed = sorted(await _follower_first_events(http, settings.first_events)) if followers else None
+        v2 = sorted(await _v2_first_events(http, settings.first_events)) if followers else None
     return Result(latency_p50_ms=_pct(pairs, 50) * 1000, latency_p90_ms=_pct(pairs, 90) * 1000,
                   runs_per_second=load.runs_per_second, failed_runs=load.failed,
                   first_event_p50_ms=_pct(firsts, 50) * 1000,
-                  follower_first_event_p50_ms=_pct(followed, 50) * 1000, v2_first_event_p50_ms=_pct(v2, 50) * 1000,
+                  follower_first_event_p50_ms=_pct(followed, 50) * 1000 if followed else None,
+                  v2_first_event_p50_ms=_pct(v2, 50) * 1000 if v2 else None,
                   peak_rss_mib=peak_rss_mib(pid))
 
 
@@ -428,41 +486,60 @@ def _pct(values: list[float], pct: int) -> float:
     return values[min(len(values) - 1, len(values) * pct // 100)]
 
 
-def run(settings: Settings) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name, server in (("backchannel", backchannel_server), ("langgraph dev", langgraph_server)):
+@contextmanager
+def backchannel_on_postgres(workdir: Path, postgres: str) -> Iterator[tuple[str, int]]:
+    """``backchannel serve`` of the echo agent on a scratch schema of ``postgres``."""
+    from backchannel.runtime.postgres import scratch_schema  # psycopg only when there is a Postgres
+
+    with scratch_schema(postgres, "bench") as database, backchannel_server(workdir, database) as started:
+        yield started
+
+
+@contextmanager
+def aegra_on_postgres(workdir: Path, postgres: str) -> Iterator[tuple[str, int]]:
+    """Aegra serving the echo graph on a scratch database of ``postgres``'s cluster."""
+    aegra_python()  # not installed: no database to make
+    with scratch_database(postgres) as database, aegra_server(workdir, database) as started:
+        yield started
+
+
+def run(settings: Settings, postgres: str | None) -> dict[str, Any]:
+    results: dict[str, Any] = {"load_average": os.getloadavg()[0]}
+    servers: list[tuple[str, Any, bool]] = [("backchannel", backchannel_server, True),
+                                            ("langgraph dev", langgraph_server, True)]
+    if postgres:
+        servers += [("backchannel, Postgres", lambda tmp: backchannel_on_postgres(tmp, postgres), False),
+                    ("Aegra", lambda tmp: aegra_on_postgres(tmp, postgres), False)]
+    else:
+        results["backchannel, Postgres"] = results["Aegra"] = {"missing": "no Postgres (--postgres URL)"}
+    for name, server, followers in servers:
         print(f"… {name}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
             try:
                 with server(Path(tmp)) as (url, pid):
-                    results[name] = asyncio.run(measure(url, pid, settings)).__dict__
+                    results[name] = asyncio.run(measure(url, pid, settings, followers=followers)).__dict__
             except ModuleNotFoundError as exc:
                 results[name] = {"missing": str(exc)}
+    results["load_average_after"] = os.getloadavg()[0]
     return results
 
 
+ROWS = [("create + wait p50 (ms)", "latency_p50_ms", "≤ 5", False),
+        ("create + wait p90 (ms)", "latency_p90_ms", "", False),
+        ("runs/s, 32 clients", "runs_per_second", "≥ 1,000", True),
+        ("  failed (timeouts, errors)", "failed_runs", "0", None),
+        ("first event p50 (ms)", "first_event_p50_ms", "≤ 5", False),
+        ("run to thread follower p50 (ms)", "follower_first_event_p50_ms", "≤ 2", False),
+        ("v2 stream first event p50 (ms)", "v2_first_event_p50_ms", "≤ 1", False),
+        ("peak RSS (MiB)", "peak_rss_mib", "≤ 80", False)]
+
+
 def render(results: dict[str, Any], out: Any) -> None:
-    ours, peer = results["backchannel"], results["langgraph dev"]
+    ours = results["backchannel"]
     print(f"\nHTTP server, one-step runs, {CLIENTS} concurrent clients for throughput "
-          "(backchannel on SQLite, langgraph dev in memory)", file=out)
-    print(f"{'':<30}{'backchannel':>14}{'langgraph dev':>16}{'ratio':>9}{'target':>12}", file=out)
-    rows = [("create + wait p50 (ms)", "latency_p50_ms", "≤ 5", False),
-            ("create + wait p90 (ms)", "latency_p90_ms", "", False),
-            ("runs/s, 32 clients", "runs_per_second", "≥ 1,000", True),
-            ("  failed (timeouts, errors)", "failed_runs", "0", None),
-            ("first event p50 (ms)", "first_event_p50_ms", "≤ 5", False),
-            ("run to thread follower p50 (ms)", "follower_first_event_p50_ms", "≤ 2", False),
-            ("v2 stream first event p50 (ms)", "v2_first_event_p50_ms", "≤ 1", False),
-            ("peak RSS (MiB)", "peak_rss_mib", "≤ 80", False)]
-    for label, key, target, higher_is_better in rows:
-        mine = ours[key]
-        theirs = peer.get(key)
-        if theirs is None:
-            ratio, shown = "", "not installed"
-        else:
-            ratio = "" if higher_is_better is None else f"{(mine / theirs if higher_is_better else theirs / mine):.1f}×"
-            shown = f"{theirs:,.1f}"
-        print(f"{label:<30}{mine:>14,.1f}{shown:>16}{ratio:>9}{target:>12}", file=out)
+          f"(backchannel on SQLite, langgraph dev in memory); load average {results['load_average']:.1f} "
+          f"-> {results['load_average_after']:.1f} on {os.cpu_count()} cores", file=out)
+    _table(ours, results["langgraph dev"], "langgraph dev", ROWS, out)
     met = [ours["latency_p50_ms"] <= TARGETS["latency_p50_ms"],
            ours["runs_per_second"] >= TARGETS["runs_per_second"] and not ours["failed_runs"],
            ours["first_event_p50_ms"] <= TARGETS["first_event_p50_ms"],
@@ -472,10 +549,38 @@ def render(results: dict[str, Any], out: Any) -> None:
           file=out)
 
 
+def render_postgres(results: dict[str, Any], out: Any) -> None:
+    ours = results["backchannel, Postgres"]
+    print("\nThe same on Postgres: backchannel on a scratch schema, Aegra on a scratch database of the same cluster",
+          file=out)
+    if "missing" in ours:
+        print(f"not measured: {ours['missing']}", file=out)
+        return
+    _table(ours, results["Aegra"], "Aegra", [row for row in ROWS if "follower" not in row[1] and "v2" not in row[1]],
+           out)
+
+
+def _table(ours: dict[str, Any], peer: dict[str, Any], peer_name: str, rows: list[tuple[str, str, str, bool | None]],
+           out: Any) -> None:
+    """Our column beside ``peer``'s, with the ratio (how many times better we are) and the target."""
+    print(f"{'':<30}{'backchannel':>14}{peer_name:>16}{'ratio':>9}{'target':>12}", file=out)
+    for label, key, target, higher_is_better in rows:
+        mine = ours[key]
+        theirs = peer.get(key)
+        if theirs is None:
+            ratio, shown = "", "not installed" if "missing" in peer else "-"
+        else:
+            ratio = "" if higher_is_better is None else f"{(mine / theirs if higher_is_better else theirs / mine):.1f}×"
+            shown = f"{theirs:,.1f}"
+        print(f"{label:<30}{mine:>14,.1f}{shown:>16}{ratio:>9}{target:>12}", file=out)
+    if "missing" in peer:
+        print(f"{peer_name}: {peer['missing']}", file=out)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(__doc__, "fewer samples (about a minute)").parse_args(argv)
-    results = run(Settings.for_mode(args.quick))
-    emit_report(results, [render], args.json)
+    args = arguments(__doc__, "fewer samples (about a minute)", postgres=True).parse_args(argv)
+    results = run(Settings.for_mode(args.quick), args.postgres)
+    emit_report(results, [render, render_postgres], args.json)
     return 0
 
 
