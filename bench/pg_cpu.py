@@ -194,14 +194,14 @@ def _aegra_missing() -> str | None:
     return None
 
 
-_STORES = {"sqlite": "SQLite", "postgres": "Postgres", "aegra": "Aegra, Postgres"}
+_STORES = {"sqlite": "SQLite", "postgres": "Postgres", "aegra": "Aegra on Postgres"}
 
 
 def render(results: dict[str, Any], out: Any) -> None:
     rows = results["configurations"]
     print(f"\nCPU per one-step run through the HTTP API, {CONNECTIONS} connections (wrk), median of the samples; "
           f"load average {results['load_average']:.1f} on {os.cpu_count()} cores", file=out)
-    print(f"{'':<24}{'server µs':>11}{'Postgres µs':>13}{'total µs':>10}{'vs SQLite':>11}{'vs 1 proc':>11}"
+    print(f"{'':<30}{'server µs':>11}{'Postgres µs':>13}{'total µs':>10}{'vs SQLite':>11}{'vs 1 proc':>11}"
           f"{'runs/s':>9}{'idle ms/s':>11}", file=out)
     sqlite = rows["sqlite:1"]["total_us_per_run"]
     one = rows.get("postgres:1", {}).get("total_us_per_run")
@@ -210,7 +210,7 @@ def render(results: dict[str, Any], out: Any) -> None:
         label = f"{_STORES[store]}, {count} process{'es' if count != '1' else ''}"
         total = row["total_us_per_run"]
         vs_one = f"{total / one:.2f}×" if store == "postgres" and one else ""
-        print(f"{label:<24}{row['server_us_per_run']:>11,.0f}{row['postgres_us_per_run']:>13,.0f}{total:>10,.0f}"
+        print(f"{label:<30}{row['server_us_per_run']:>11,.0f}{row['postgres_us_per_run']:>13,.0f}{total:>10,.0f}"
               f"{total / sqlite:>10.2f}×{vs_one:>11}{row['runs_per_second']:>9,.0f}{row['idle_ms_per_second']:>11.1f}",
               file=out)
     if "missing" in results:

@@ -556,8 +556,8 @@ def render_postgres(results: dict[str, Any], out: Any) -> None:
     if "missing" in ours:
         print(f"not measured: {ours['missing']}", file=out)
         return
-    _table(ours, results["Aegra"], "Aegra", [row for row in ROWS if "follower" not in row[1] and "v2" not in row[1]],
-           out)
+    rows = [(label, key, "", better) for label, key, _, better in ROWS if "follower" not in key and "v2" not in key]
+    _table(ours, results["Aegra"], "Aegra", rows, out)  # the targets are SQLite's
 
 
 def _table(ours: dict[str, Any], peer: dict[str, Any], peer_name: str, rows: list[tuple[str, str, str, bool | None]],
