@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from backchannel.server import assistants, crons, runs, store, thread_events, threads, timeline
+from backchannel.server._router import ShapeRouter
 from backchannel.server.auth import APIKeyMiddleware
 from backchannel.server.browsers import BrowserGuard, BrowserPolicy, default_policy
 from backchannel.server.connections import DEFAULT_CLIENT_TIMEOUT
@@ -78,6 +79,7 @@ class _App(Starlette):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.router = ShapeRouter(self.router.routes, lifespan=self.router.lifespan_context)
         self._own_middleware = list(self.user_middleware)
         self._bodies_past_middleware = True
 

@@ -25,7 +25,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -39,6 +38,8 @@ STUDIO_ORIGIN = "https://smith.langchain.com"  # LangGraph Studio, which calls l
 # Headers browser apps read from responses (as LangGraph's server exposes them).
 _EXPOSED = ("content-location", "location", "x-pagination-total", "x-pagination-next")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_WANTED = frozenset({b"host", b"origin", b"content-type", b"content-length", b"transfer-encoding"})
+_REMEMBERED_HOSTS = 256  # Host values whose verdict the guard keeps
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ class BrowserGuard:
         self._origins = frozenset(policy.exact_origins())
         regex = policy.origin_regex()
         self._origin_regex = re.compile(regex) if regex else None
+        self._host_verdicts: dict[str, bool] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
@@ -112,23 +114,30 @@ class BrowserGuard:
         await self.app(scope, receive, send)
 
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
-        headers = Headers(scope=scope)
-        host = headers.get("host", "")
+        wanted = _wanted_headers(scope)
+        host = wanted.get(b"host", "")
         if self.policy.allowed_hosts is not None and not self._host_allowed(host):
             return 403, (f"host {host!r} is not served here (a DNS-rebinding page?); serve it with "
                          "--allowed-hosts, or give the server an API key")
-        origin = headers.get("origin")
+        origin = wanted.get(b"origin")
         if origin is not None and not self._origin_allowed(origin, host):
             return 403, f"origin {origin!r} may not call this server; allow it with --cors-origins"
+        content_type = wanted.get(b"content-type", "")
         if (self.policy.json_only and scope["type"] == "http" and scope["method"] in _BODY_METHODS
-                and _has_body(headers) and not _is_json(headers.get("content-type", ""))):
+                and _has_body(wanted) and not _is_json(content_type)):
             return 415, (f"request bodies must be JSON (content-type: application/json), "
-                         f"not {headers.get('content-type') or 'undeclared'}")
+                         f"not {content_type or 'undeclared'}")
         return None
 
     def _host_allowed(self, host: str) -> bool:
-        name = _host_name(host)
-        return name in self._hosts or name == "localhost" or name.endswith(".localhost") or _is_ip(name)
+        allowed = self._host_verdicts.get(host)
+        if allowed is None:  # a client sends the same Host on every request: judge each value once
+            if len(self._host_verdicts) >= _REMEMBERED_HOSTS:
+                self._host_verdicts.clear()  # (a scanner's stream of made-up names must not grow it)
+            name = _host_name(host)
+            allowed = self._host_verdicts[host] = (name in self._hosts or name == "localhost"
+                                                   or name.endswith(".localhost") or _is_ip(name))
+        return allowed
 
     def _origin_allowed(self, origin: str, host: str) -> bool:
         if self.policy.any_origin or origin.rstrip("/") in self._origins:
@@ -154,9 +163,18 @@ def _is_ip(name: str) -> bool:
     return True
 
 
-def _has_body(headers: Headers) -> bool:
-    length = headers.get("content-length")
-    return "transfer-encoding" in headers or (length is not None and length.strip() not in ("", "0"))
+def _wanted_headers(scope: Scope) -> dict[bytes, str]:
+    """The request headers the guard looks at, in one pass (the first of each, as ``Headers.get`` gives)."""
+    wanted: dict[bytes, str] = {}
+    for key, value in scope["headers"]:  # (names come lowercased, as ASGI says)
+        if key in _WANTED and key not in wanted:
+            wanted[key] = value.decode("latin-1")
+    return wanted
+
+
+def _has_body(headers: dict[bytes, str]) -> bool:
+    length = headers.get(b"content-length")
+    return b"transfer-encoding" in headers or (length is not None and length.strip() not in ("", "0"))
 
 
 def _is_json(content_type: str) -> bool:
