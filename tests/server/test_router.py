@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable
 
 import httpx
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
@@ -79,3 +81,22 @@ async def test_routes_added_after_the_first_request_are_served():
         assert (await http.get("/threads/x/extra")).text == "extra"
         app.router.routes.insert(0, Route("/ok", lambda request: PlainTextResponse("mine")))
         assert (await http.get("/ok")).text == "mine"
+
+
+async def test_a_route_replaced_by_an_equal_one_is_the_one_served():
+    async def first(request: Request) -> Response:
+        return PlainTextResponse("first")
+    app = Starlette(routes=[Route("/threads/{thread_id}", first)])
+    app.router = ShapeRouter(app.routes)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
+        assert (await http.get("/threads/x")).text == "first"
+        app.router.routes[0] = Route("/threads/{thread_id}", first, middleware=[Middleware(_Replaced)])
+        assert (await http.get("/threads/x")).text == "replaced"
+
+
+class _Replaced:
+    def __init__(self, app: object) -> None:
+        pass
+
+    async def __call__(self, scope: dict, receive: object, send: Callable[[dict], Awaitable[None]]) -> None:
+        await PlainTextResponse("replaced")(scope, receive, send)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """A Starlette router that tries, for an HTTP request, only the routes its path's shape allows.
 
 Starlette's router matches a request against every route in turn (a run's stream
-or wait is the 38th of ~60): a regular expression and a dict per route, ~1 µs each.
+or wait is the 38th of 66): a regular expression and a dict per route, ~1 µs each.
 A route whose parameters are plain segments (``{thread_id}``, ``{n:int}``...) can only
 match a path with as many segments and the same literal segments, so the router
 keeps, for each number of segments, first and last segment a route names, the
@@ -35,11 +35,11 @@ class ShapeRouter(Router):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._indexed: list[BaseRoute] = []
-        self._shapes: list[tuple[BaseRoute, _Shape | None]] = []
+        self._shapes: list[_Shape | None] = []
         self._firsts: frozenset[str] = frozenset()
         self._lasts: frozenset[str] = frozenset()
         self._longest = 0
-        self._candidates: dict[_Shape, list[BaseRoute]] = {}
+        self._candidates: dict[_Shape, list[int]] = {}
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,7 +48,9 @@ class ShapeRouter(Router):
         if "router" not in scope:
             scope["router"] = self
         partial = partial_scope = None
-        for route in self._routes_for(get_route_path(scope)):
+        routes = self.routes
+        for position in self._positions_for(get_route_path(scope)):
+            route = routes[position]
             match, child_scope = route.matches(scope)
             if match is Match.FULL:
                 scope["route"] = route
@@ -64,8 +66,10 @@ class ShapeRouter(Router):
             return
         await super().app(scope, receive, send)  # no route matches: Starlette's 404 or trailing-slash redirect
 
-    def _routes_for(self, path: str) -> list[BaseRoute]:
-        if self.routes != self._indexed:  # routes added or removed since (an identity check per route)
+    def _positions_for(self, path: str) -> list[int]:
+        """Where in ``routes`` the routes a path of this shape could match are (positions, not the routes:
+        a route replaced by an equal one, which the check below cannot tell, is still the one tried)."""
+        if self.routes != self._indexed:  # routes added, removed or replaced since (equality per route)
             self._index()
         segments = path.split("/")
         count = len(segments)
@@ -74,15 +78,15 @@ class ShapeRouter(Router):
         first = segments[1] if count > 1 and segments[1] in self._firsts else _ANY
         last = segments[-1] if count > 1 and segments[-1] in self._lasts else _ANY
         shape = (count, first, last)
-        routes = self._candidates.get(shape)
-        if routes is None:  # at most one list per shape the routes can tell apart
-            routes = self._candidates[shape] = [route for route, own in self._shapes if _fits(own, shape)]
-        return routes
+        positions = self._candidates.get(shape)
+        if positions is None:  # at most one list per shape the routes can tell apart
+            positions = self._candidates[shape] = [i for i, own in enumerate(self._shapes) if _fits(own, shape)]
+        return positions
 
     def _index(self) -> None:
         self._indexed = list(self.routes)
-        self._shapes = [(route, _shape(route)) for route in self._indexed]
-        shapes = [own for _, own in self._shapes if own is not None]
+        self._shapes = [_shape(route) for route in self._indexed]
+        shapes = [own for own in self._shapes if own is not None]
         self._firsts = frozenset(first for _, first, _ in shapes if first is not _ANY)
         self._lasts = frozenset(last for _, _, last in shapes if last is not _ANY)
         self._longest = max((count for count, _, _ in shapes), default=0)
