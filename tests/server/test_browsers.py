@@ -92,6 +92,18 @@ async def test_configured_origins_and_hosts_replace_the_defaults():
             assert (await http.get("/ok", headers={"host": "other.lan"})).status_code == 403
 
 
+async def test_hosts_are_judged_alike_however_many_names_came_before(server):
+    # The guard remembers a verdict per Host value, a bounded number of them: a stream of made-up names
+    # (more than it keeps) is refused one by one, and the names it served before are still served.
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        for round_ in range(2):
+            for n in range(300):
+                answer = await http.get("/ok", headers={"host": f"rebind-{n}.example:8123"})
+                assert answer.status_code == 403, (round_, n)
+            for host in ("localhost:8123", "127.0.0.1:9", "[::1]:8123"):
+                assert (await http.get("/ok", headers={"host": host})).status_code == 200, host
+
+
 @pytest.mark.parametrize("extra, host, origin, status", [
     ([], "evil.example", None, 403),
     (["--allowed-hosts", "agents.lan"], "agents.lan", None, 200),
