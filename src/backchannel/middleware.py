@@ -125,7 +125,7 @@ class Middleware:
 
     async def after_tool_call(self, request: ToolCallRequest,
                               result: ToolMessage | ToolResult) -> ToolMessage | ToolResult:
-        """After every tool call wrap_tool_call saw, with its result: return it, or the result to use instead."""
+        """After every tool call, with the result the wrap_tool_call chain returned: return it or a replacement."""
         return result
 
     async def after_agent(self, state: Mapping[str, Any], ctx: RunContext) -> StateUpdate:
