@@ -92,18 +92,15 @@ class Database:
 
     def backends(self) -> list[int]:
         if self.own_database:
-            import psycopg
-
-            with psycopg.connect(self.url, autocommit=True) as conn:
-                return [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                                                   " AND pid <> pg_backend_pid()").fetchall()]
-        if self.app is None:
+            url, where, params = self.url, "datname = current_database() AND pid <> pg_backend_pid()", ()
+        elif self.app is not None:
+            url, where, params = self.url.replace(self.app, "bench_probe"), "application_name = %s", (self.app,)
+        else:
             return []
         import psycopg
 
-        with psycopg.connect(self.url.replace(self.app, "bench_probe"), autocommit=True) as conn:
-            return [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
-                                               (self.app,)).fetchall()]
+        with psycopg.connect(url, autocommit=True) as conn:
+            return [r[0] for r in conn.execute(f"SELECT pid FROM pg_stat_activity WHERE {where}", params).fetchall()]
 
 
 def warm_up(urls: list[str]) -> None:
