@@ -16,7 +16,7 @@ Targets: Postgres with one process ≤ 1.3× SQLite's CPU per run (servers and b
 wall time, but not immune (caches, migrations between cores): configurations are sampled in turns and
 the median is shown. Usage::
 
-    python bench/pg_cpu.py [--quick] [--json] [--postgres URL]
+    python bench/pg_cpu.py [--quick] [--json] [--postgres URL] [--connections N]
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def warm_up(urls: list[str]) -> None:
                     "assistant_id": "echo", "input": USER, "if_not_exists": "create"}).raise_for_status()
 
 
-def measure(urls: list[str], pids: list[int], db: Database, seconds: float) -> Sample:
+def measure(urls: list[str], pids: list[int], db: Database, seconds: float, connections: int = CONNECTIONS) -> Sample:
     wrk = shutil.which("wrk")
     if wrk is None:  # a Python client on the same two cores would measure itself, not the servers
         raise SystemExit("bench/pg_cpu.py needs wrk: apt-get install wrk")
@@ -124,7 +124,7 @@ def measure(urls: list[str], pids: list[int], db: Database, seconds: float) -> S
     servers0 = sum(cpu_seconds(p) for p in pids)
     backends0 = {p: cpu_seconds(p) for p in backends}
     started = time.perf_counter()
-    load = wrk_load(wrk, urls, 1, CONNECTIONS // len(urls), seconds)
+    load = wrk_load(wrk, urls, 1, connections // len(urls), seconds)
     elapsed = time.perf_counter() - started
     server_cpu = sum(cpu_seconds(p) for p in pids) - servers0
     backends_now = db.backends()
@@ -139,12 +139,12 @@ def _cpu_of(pids: list[int], backends: list[int]) -> float:
     return sum(cpu_seconds(p) for p in [*pids, *backends])
 
 
-def sample(store: str, count: int, postgres: str | None, seconds: float) -> Sample:
+def sample(store: str, count: int, postgres: str | None, seconds: float, connections: int = CONNECTIONS) -> Sample:
     with tempfile.TemporaryDirectory(prefix="bench-pg-cpu-") as tmp, ExitStack() as stack:
         if store == "aegra":
             database = stack.enter_context(scratch_database(postgres or ""))
             url, pid = stack.enter_context(aegra_server(Path(tmp), database))
-            return measure([url], [pid], Database(database, None, own_database=True), seconds)
+            return measure([url], [pid], Database(database, None, own_database=True), seconds, connections)
         if store == "sqlite":
             database, app = f"sqlite:///{tmp}/state.db", None
         else:
@@ -153,10 +153,11 @@ def sample(store: str, count: int, postgres: str | None, seconds: float) -> Samp
             app = f"bench_{uuid.uuid4().hex[:12]}"
             database = f"{stack.enter_context(scratch_schema(postgres or '', 'bench'))}&application_name={app}"
         with servers(Path(tmp), database, count) as started:
-            return measure([url for url, _ in started], [pid for _, pid in started], Database(database, app), seconds)
+            return measure([url for url, _ in started], [pid for _, pid in started], Database(database, app), seconds,
+                           connections)
 
 
-def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:
+def run(postgres: str | None, seconds: float, repeats: int, connections: int = CONNECTIONS) -> dict[str, Any]:
     configurations = [("sqlite", 1)] + ([("postgres", n) for n in PROCESSES] if postgres else [])
     aegra = _aegra_missing() if postgres else "no Postgres"
     configurations += [] if aegra else [("aegra", 1)]
@@ -164,8 +165,8 @@ def run(postgres: str | None, seconds: float, repeats: int) -> dict[str, Any]:
     for _ in range(repeats):  # in turns, so a busy moment of the machine does not fall on one configuration
         for store, count in configurations:
             print(f"… {store}, {count} process{'es' if count > 1 else ''}", file=sys.stderr, flush=True)
-            samples[(store, count)].append(sample(store, count, postgres, seconds))
-    results: dict[str, Any] = {"load_average": os.getloadavg()[0], "configurations": {}}
+            samples[(store, count)].append(sample(store, count, postgres, seconds, connections))
+    results: dict[str, Any] = {"load_average": os.getloadavg()[0], "connections": connections, "configurations": {}}
     for (store, count), each in samples.items():
         results["configurations"][f"{store}:{count}"] = {
             "server_us_per_run": statistics.median(s.per_run_us(s.server_cpu) for s in each),
@@ -196,8 +197,8 @@ _STORES = {"sqlite": "SQLite", "postgres": "Postgres", "aegra": "Aegra on Postgr
 
 def render(results: dict[str, Any], out: Any) -> None:
     rows = results["configurations"]
-    print(f"\nCPU per one-step run through the HTTP API, {CONNECTIONS} connections (wrk), median of the samples; "
-          f"load average {results['load_average']:.1f} on {os.cpu_count()} cores", file=out)
+    print(f"\nCPU per one-step run through the HTTP API, {results['connections']} connections (wrk), median of the "
+          f"samples; load average {results['load_average']:.1f} on {os.cpu_count()} cores", file=out)
     print(f"{'':<30}{'server µs':>11}{'Postgres µs':>13}{'total µs':>10}{'vs SQLite':>11}{'vs 1 proc':>11}"
           f"{'runs/s':>9}{'idle ms/s':>11}", file=out)
     sqlite = rows["sqlite:1"]["total_us_per_run"]
@@ -224,8 +225,11 @@ def render(results: dict[str, Any], out: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(__doc__, "one sample of each configuration", postgres=True).parse_args(argv)
-    results = run(args.postgres, 4.0 if args.quick else 6.0, 1 if args.quick else 3)
+    parser = arguments(__doc__, "one sample of each configuration", postgres=True)
+    parser.add_argument("--connections", type=int, default=CONNECTIONS,
+                        help="wrk's connections in all, split over the processes (runs in flight)")
+    args = parser.parse_args(argv)
+    results = run(args.postgres, 4.0 if args.quick else 6.0, 1 if args.quick else 3, args.connections)
     emit_report(results, [render], args.json)
     return 0
 
