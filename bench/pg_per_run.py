@@ -86,7 +86,11 @@ def measure(postgres: str, count: int, seconds: float) -> dict[str, Any]:
         urls, pids = [u for u, _ in started], [p for _, pid in started for p in (pid, *children(pid))]
         warm_up(urls)
         with psycopg.connect(postgres, autocommit=True) as conn:
-            conn.execute("SELECT pg_stat_statements_reset()")
+            try:
+                conn.execute("SELECT pg_stat_statements_reset()")
+            except psycopg.errors.UndefinedFunction:
+                raise SystemExit("bench/pg_per_run.py needs pg_stat_statements: in shared_preload_libraries, and "
+                                 "CREATE EXTENSION pg_stat_statements in the database") from None
             runs, before = database.ended_runs(), counters(conn, schema)
             servers_before, backends_before = switches(pids), switches(database.backends())
             wrk_load(wrk, urls, 1, CONNECTIONS // count, seconds)
