@@ -387,7 +387,7 @@ class Agent:
         hooks = plan.hooks[hook]
         for i in range(start, len(hooks)):
             mw_name, fn = hooks[i]
-            scope = current_scope.set(InterruptScope(f"{hook}:{mw_name}:{i}:{_last_id(state)}", ctx.resume))
+            scope = current_scope.set(InterruptScope(f"{hook}:{mw_name}:{i}", _last_id(state), ctx.resume))
             try:
                 update = await fn(state, ctx)
             except GraphInterrupt as paused:
@@ -427,7 +427,7 @@ class Agent:
     async def _call_model(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> AIMessage:
         request = ModelRequest(plan.model, state["messages"], plan.system_prompt, plan.tool_list,
                                self.model_settings, state, ctx)
-        scope = current_scope.set(InterruptScope(f"model:{_last_id(state)}", ctx.resume))
+        scope = current_scope.set(InterruptScope("model", _last_id(state), ctx.resume))
         reply = plan.call_model(request)
         try:
             message = await (ctx.trace.model_call(ctx, request, reply) if ctx.trace.on else reply)
@@ -501,7 +501,7 @@ class Agent:
                           f"Received: {call.get('args')!r}. Call the tool again with a valid JSON object.")
             else:
                 # The interrupt scope covers wrap_tool_call middleware too (e.g. an approval step).
-                scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
+                scope = current_scope.set(InterruptScope("tool", call["id"], ctx.resume))
                 # A nested agent started meanwhile (by the tool or a middleware) reports as this run's subagent.
                 caller = current_tool_call.set(CallingTool(ctx, call["id"], asyncio.get_running_loop()))
                 request = ToolCallRequest(call, tool, state, ctx)
