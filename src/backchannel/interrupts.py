@@ -47,6 +47,9 @@ class InterruptScope:
     where: str
     resume: Mapping[str, Any] = field(default_factory=dict)
     count: int = 0
+    # The scope this one was set inside, if any: a tool call's scope is also what a nested agent started under it
+    # looks for (``backchannel.context.calling_tool``), one context variable set per call instead of two.
+    enclosing: InterruptScope | None = None
 
     @property
     def key(self) -> str:
