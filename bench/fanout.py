@@ -309,6 +309,7 @@ class MemorySample:
 
     traced_bytes: float  # tracemalloc: allocated since the fan-out began and still held
     traced_peak_bytes: float  # tracemalloc: the peak from the fan-out's start until then
+    collected_bytes: float  # tracemalloc, held after a full collection (see traced_memory)
     rss_bytes: float | None  # VmRSS growth without tracemalloc (rough: freed pages stay mapped)
     live: int
     by_file: dict[str, float] = field(default_factory=dict)  # tracemalloc's held bytes by where allocated
@@ -338,24 +339,31 @@ async def measure_memory(k: int) -> MemorySample:
 
     rss, live = await held_fan_out(k, rss_begin, lambda: (rss_bytes() or 0) - base[0])
     try:  # tracing starts with the fan-out: it reports what was allocated since and is still held
-        (traced, peak, sites), live = await held_fan_out(k, tracemalloc.start, traced_memory)
+        (traced, peak, collected, sites), live = await held_fan_out(k, tracemalloc.start, traced_memory)
     finally:
         tracemalloc.stop()
     by_file = {name: size / live for name, size in sites.items()}
-    return MemorySample(traced / live, peak / live, rss / live if rss_bytes() is not None else None,
-                        live, by_file)
+    return MemorySample(traced / live, peak / live, collected / live,
+                        rss / live if rss_bytes() is not None else None, live, by_file)
 
 
-def traced_memory() -> tuple[int, int, dict[str, int]]:
-    """tracemalloc's held and peak bytes, and the held bytes by the file that allocated them (a module of
-    backchannel by its name, the rest by file name), largest first."""
+def traced_memory() -> tuple[int, int, int, dict[str, int]]:
+    """tracemalloc's held and peak bytes, the held bytes after a full collection, and the held bytes by the file
+    that allocated them (a module of backchannel by its name, the rest by file name), largest first.
+
+    The held bytes count objects freed into CPython's free lists (tuples, up to 2,000 of each length, floats, lists,
+    dicts) and cycles not yet collected, so a change that frees objects earlier can move them by a few hundred bytes
+    a subagent either way; a full collection empties both, which leaves what the live workers really hold.
+    """
     traced, peak = tracemalloc.get_traced_memory()
     sites: dict[str, int] = {}
     for stat in tracemalloc.take_snapshot().statistics("filename"):
         path = stat.traceback[0].filename
         name = path.split("backchannel/", 1)[1] if "backchannel/" in path else os.path.basename(path)
         sites[name] = sites.get(name, 0) + stat.size
-    return traced, peak, dict(sorted(sites.items(), key=lambda item: -item[1]))
+    gc.collect()
+    collected = tracemalloc.get_traced_memory()[0]
+    return traced, peak, collected, dict(sorted(sites.items(), key=lambda item: -item[1]))
 
 
 # -- synchronous fan-out: the `task` tool -------------------------------------------------------
@@ -518,6 +526,7 @@ def render_memory(results: dict[str, Any], out: Any) -> None:
           "runtime\n", file=out)
     rows = (("tracemalloc, held at that moment", mem.traced_bytes),
             ("tracemalloc, peak until then", mem.traced_peak_bytes),
+            ("tracemalloc, after gc.collect()", mem.collected_bytes),
             ("VmRSS growth (no tracemalloc)", mem.rss_bytes))
     for label, value in rows:
         print(f"  {label:<34} {_kib(value):>8} KiB per subagent", file=out)

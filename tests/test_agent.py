@@ -467,6 +467,22 @@ async def test_interrupt_ids_are_stable_across_replays():
     assert second.interrupts[0].value == "second?" and second.interrupts[0].id != first_id
 
 
+async def test_interrupt_ids_are_those_paused_runs_stored_before():
+    # A run paused by an older version resumes with the ids it stored: the id of a tool call's n-th interrupt is
+    # sha1("tool:<call id>#<n>"), its first 32 hex digits.
+    @tool
+    def ask_twice() -> str:
+        """Ask."""
+        return f"{interrupt('first?')} {interrupt('second?')}"
+
+    agent = create_agent(ScriptedModel([{"tool_calls": [call("ask_twice", {}, "c1")]}, "done"]), [ask_twice])
+    state = initial_state("go")
+    first = await agent.run(state, RunContext("agent", "r1"))
+    second = await agent.run(state, RunContext("agent", "r2", resume={first.interrupts[0].id: "a"}), stage=first.stage)
+    assert [first.interrupts[0].id, second.interrupts[0].id] == ["c1fb9bd9bfb18e3e89ee71d75378494c",
+                                                                  "fd8532fd499baf294a8c942bd52d831a"]
+
+
 async def test_run_emits_to_a_given_bus_with_its_thread_and_run_ids():
     bus = EventBus()
     got = []

@@ -278,6 +278,32 @@ async def test_named_agent_inside_a_tool_is_a_subagent():
     assert [e.data["event"] for e in root_life] == ["started", "completed"]
 
 
+async def test_agent_started_by_a_hook_inside_a_tool_call_reports_under_that_call():
+    # The hook runs inside the tool call (the researcher's before_model, under the supervisor's research call): an
+    # agent it starts is the supervisor's subagent there, as one started by the tool itself is. A hook of the
+    # top-level agent, inside no tool call, starts an agent of its own.
+    checker = create_agent(ScriptedModel(["checked"], loop=True), name="checker")
+
+    @before_model
+    async def check(state, ctx):
+        await checker.ainvoke("check")
+
+    researcher = create_agent(ScriptedModel(["found it"]), middleware=[check], name="researcher")
+
+    @tool
+    async def research(topic: str) -> str:
+        """Research a topic."""
+        return (await researcher.ainvoke(topic))["messages"][-1].text
+
+    supervisor = create_agent(
+        ScriptedModel([{"tool_calls": [call("research", {"topic": "bees"}, "call_abc")]}, "summary"]),
+        [research], middleware=[check], name="supervisor")
+    events, state = await collect(supervisor, "go")
+    assert state["messages"][-1].text == "summary"
+    started = [tuple(e.namespace) for e in of(events, "lifecycle", "started") if e.data["graph_name"] == "checker"]
+    assert started == [("checker:call_abc",)]
+
+
 def _research_tool(researcher, way, runtime=None):
     """A ``research`` tool whose body runs ``researcher`` one way (seed 002: all are reported alike)."""
     if way == "ainvoke":

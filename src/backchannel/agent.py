@@ -20,7 +20,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel.context import NOTHING, Breakpoints, CallingTool, RunContext, current_tool_call, forward_events
+from backchannel.context import NOTHING, Breakpoints, CallingTool, RunContext, calling_tool, forward_events
 from backchannel.errors import LostRunError, MaxIterationsError, MiddlewareError, StorageUnavailableError
 from backchannel.events import Event, EventBus, filter_metadata
 from backchannel.interrupts import GraphInterrupt, InterruptScope, current_scope
@@ -387,7 +387,8 @@ class Agent:
         hooks = plan.hooks[hook]
         for i in range(start, len(hooks)):
             mw_name, fn = hooks[i]
-            scope = current_scope.set(InterruptScope(f"{hook}:{mw_name}:{i}:{_last_id(state)}", ctx.resume))
+            scope = current_scope.set(InterruptScope(f"{hook}:{mw_name}:{i}", _last_id(state), ctx.resume,
+                                                     enclosing=current_scope.get()))
             try:
                 update = await fn(state, ctx)
             except GraphInterrupt as paused:
@@ -427,7 +428,7 @@ class Agent:
     async def _call_model(self, plan: _Plan, state: dict[str, Any], ctx: RunContext) -> AIMessage:
         request = ModelRequest(plan.model, state["messages"], plan.system_prompt, plan.tool_list,
                                self.model_settings, state, ctx)
-        scope = current_scope.set(InterruptScope(f"model:{_last_id(state)}", ctx.resume))
+        scope = current_scope.set(InterruptScope("model", _last_id(state), ctx.resume, enclosing=current_scope.get()))
         reply = plan.call_model(request)
         try:
             message = await (ctx.trace.model_call(ctx, request, reply) if ctx.trace.on else reply)
@@ -500,10 +501,9 @@ class Agent:
                     call, f"the arguments for tool {name!r} could not be read: {call.get('error')}. "
                           f"Received: {call.get('args')!r}. Call the tool again with a valid JSON object.")
             else:
-                # The interrupt scope covers wrap_tool_call middleware too (e.g. an approval step).
-                scope = current_scope.set(InterruptScope(f"tool:{call['id']}", ctx.resume))
-                # A nested agent started meanwhile (by the tool or a middleware) reports as this run's subagent.
-                caller = current_tool_call.set(CallingTool(ctx, call["id"], asyncio.get_running_loop()))
+                # The interrupt scope covers wrap_tool_call middleware too (e.g. an approval step); a nested agent
+                # started meanwhile (by the tool or a middleware) reports as this run's subagent.
+                scope = current_scope.set(CallingTool(ctx, call["id"], asyncio.get_running_loop()))
                 request = ToolCallRequest(call, tool, state, ctx)
                 try:
                     if plan.tool_layer is None:  # no wrap_tool_call middleware: the tool is awaited in this frame
@@ -524,7 +524,6 @@ class Agent:
                     if plan.hooks["after_tool_call"]:
                         result = await _after_tool_call(plan.hooks["after_tool_call"], request, result)
                 finally:
-                    current_tool_call.reset(caller)
                     current_scope.reset(scope)
             update, direct, message = _tool_update(result, call, tool)
         except BaseException as exc:
@@ -551,12 +550,12 @@ class Agent:
         whose events are forwarded to the caller's stream: either way it is
         reported the same, as a subagent if it has a name.
         """
-        caller = current_tool_call.get()
+        caller = calling_tool()
         if caller is None:
             # Without a listener, nothing reads the run's spans: only OpenTelemetry's, if set up.
             return RunContext(self.graph_name, new_id(), bus=bus, context=context, metadata=dict(metadata or {}),
                               trace=Trace(kept=bus is not None))
-        parent, call_id, loop = caller
+        parent, call_id, loop = caller.run, caller.call_id, caller.loop
         segment = f"{self.name or 'tools'}:{call_id}"
         namespace: tuple[str, ...] = (*parent.namespace, segment)
         if bus is not None or loop is not asyncio.get_running_loop():
@@ -641,7 +640,7 @@ class Agent:
                                 metadata: Mapping[str, Any] | None, bus: EventBus | None) -> dict[str, Any]:
         """A run on a runtime thread; from inside a tool, reported in the caller's stream as a nested run."""
         runtime = self._runtime_for_threads()
-        caller = current_tool_call.get()
+        caller = calling_tool()
         if caller is not None:
             bus = self._forwarding_bus(caller, bus)
             metadata = {**filter_metadata(caller.run.metadata), **(metadata or {})}

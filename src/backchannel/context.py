@@ -2,24 +2,24 @@
 
 Middleware hooks receive it as ``ctx``; tools see a :class:`~backchannel.tools.ToolRuntime`
 built from it. A nested agent started from inside a tool finds its parent
-here (through :data:`current_tool_call`) and reports into the same stream.
+here (through :func:`calling_tool`) and reports into the same stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from backchannel.events import Event, EventBus
+from backchannel.interrupts import InterruptScope, current_scope
 from backchannel.messages import AnyMessage
 from backchannel.protocols import HostRuntime, StoreAPI
 from backchannel.tracing import RunSpan, Trace
 
-__all__ = ["Breakpoints", "CallingTool", "Inbox", "RunContext", "StepRecorder", "current_tool_call", "forward_events"]
+__all__ = ["Breakpoints", "CallingTool", "Inbox", "RunContext", "StepRecorder", "calling_tool", "forward_events"]
 
 
 class StepRecorder(Protocol):
@@ -98,16 +98,29 @@ class RunContext:
         self.emit("custom", data)
 
 
-class CallingTool(NamedTuple):
-    """The tool call a nested agent runs inside: the calling run, the call id, and the run's event loop."""
+class CallingTool(InterruptScope):
+    """A tool call running now: the interrupt scope its run sets around it (``where`` is the call's id), which also
+    says, for a nested agent started inside it, the calling run and that run's event loop."""
 
-    run: RunContext
-    call_id: str
-    loop: asyncio.AbstractEventLoop
+    __slots__ = ("run", "loop")
+
+    def __init__(self, run: RunContext, call_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__("tool", call_id, run.resume)
+        self.run = run
+        self.loop = loop
+
+    @property
+    def call_id(self) -> str:
+        return self.where
 
 
-# Set while a tool runs, so a nested agent can report as that run's subagent.
-current_tool_call: ContextVar[CallingTool | None] = ContextVar("backchannel_current_tool_call", default=None)
+def calling_tool() -> CallingTool | None:
+    """The tool call a nested agent started now runs inside: the innermost one around the current scope, if any."""
+    scope = current_scope.get()
+    while scope is not None and not isinstance(scope, CallingTool):
+        scope = scope.enclosing
+    return scope
+
 
 _TERMINAL = frozenset({"completed", "failed", "interrupted", "cancelled"})
 

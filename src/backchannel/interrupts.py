@@ -40,11 +40,22 @@ class GraphInterrupt(Exception):
 
 @dataclass(slots=True)
 class InterruptScope:
-    """Where ``interrupt`` is being called from, and the resume values available there."""
+    """Where ``interrupt`` is being called from (``kind``, e.g. ``tool``, and ``where``, e.g. the call's id), and the
+    resume values available there."""
 
-    key: str
+    kind: str
+    where: str
     resume: Mapping[str, Any] = field(default_factory=dict)
     count: int = 0
+    # The scope this one was set inside, if any: a tool call's scope is also what a nested agent started under it
+    # looks for (``backchannel.context.calling_tool``), one context variable set per call instead of two.
+    enclosing: InterruptScope | None = None
+
+    @property
+    def key(self) -> str:
+        """What names the place in its interrupts' ids: made only when one is raised (a scope is set around every
+        model and tool call, and a thousand live subagents each hold one through theirs)."""
+        return f"{self.kind}:{self.where}"
 
 
 current_scope: ContextVar[InterruptScope | None] = ContextVar("backchannel_interrupt_scope", default=None)

@@ -148,6 +148,19 @@ async def test_if_not_exists_create_makes_the_thread(rt):
     assert thread["metadata"]["m"] == 1 and thread["metadata"]["graph_id"] == "agent"
 
 
+async def test_a_thread_made_with_its_run_is_created_when_the_run_is(rt):
+    tid = str(uuid.uuid4())
+    run = await rt.runs.create(tid, "agent", input=user("hi"), if_not_exists="create", metadata={"m": 1})
+    await rt.runs.join(tid, run["run_id"])
+    thread = await rt.threads.get(tid)
+    assert thread["created_at"] == run["created_at"]
+    assert thread["metadata"] == run["metadata"] == {"m": 1, "graph_id": "agent", "assistant_id": AGENT_UUID}
+    # The thread's metadata changed later: its run's stays as it was made.
+    await rt.threads.update(tid, metadata={"n": 2})
+    assert (await rt.runs.get(tid, run["run_id"]))["metadata"] == {"m": 1, "graph_id": "agent",
+                                                                   "assistant_id": AGENT_UUID}
+
+
 # -- list / wait / join / delete ----------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import contextvars
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from backchannel._clock import now_iso
@@ -116,14 +116,19 @@ class RunQueue:
         active = [] if new_thread else await self.storage.active_runs(thread_id)
         if active and strategy == "reject":
             raise ConflictError(BUSY)
-        row = self._row(thread, assistant, run, strategy, temporary=temporary)
+        # A thread made with its run is made when the run is: one string for both (a live run keeps them).
+        stamp = thread.created_at if new_thread else now_iso()
+        row = self._row(thread, assistant, run, strategy, stamp, temporary=temporary)
         if run.command and "resume" in run.command and not active:
             row.kwargs["resume_map"] = resume_map(thread, run.command["resume"])
         # The stream and context exist before the run is stored: the scheduler may start it at
         # the first await (e.g. while the runs it supersedes are being cancelled).
         self.streams.new(row, watched=run.watched)
         self.scheduler.queued(row.run_id, context=contextvars.copy_context())
-        thread.metadata = {**thread.metadata, "graph_id": assistant.graph_id, "assistant_id": row.assistant_id}
+        metadata = {**thread.metadata, "graph_id": assistant.graph_id, "assistant_id": row.assistant_id}
+        # A thread made with a run that says the same of it keeps the run's dict: one a live run (stores replace a
+        # row's metadata, never change it in place).
+        thread.metadata = row.metadata if new_thread and metadata == row.metadata else metadata
         thread.status = "busy"
         notice = self.peers.created_notice(row)  # the thread's followers elsewhere follow it too: told as it is stored
         try:
@@ -171,7 +176,7 @@ class RunQueue:
         await self.storage.update_thread(thread.thread_id, status="busy", metadata=thread.metadata,
                                          updated_at=row.created_at)
 
-    def _row(self, thread: ThreadRow, assistant: AssistantRow, run: NewRun, strategy: str, *,
+    def _row(self, thread: ThreadRow, assistant: AssistantRow, run: NewRun, strategy: str, stamp: str, *,
              temporary: bool) -> RunRow:
         # Over the assistant's; a wake-up starts a trace of its own (its notifications link back to their tasks).
         config = run_config(assistant, run.config if run.wake else with_trace_context(run.config))
@@ -183,14 +188,13 @@ class RunQueue:
             "checkpoint_id": run.checkpoint_id, "temporary": temporary and (run.on_completion or "delete") == "delete",
             "timeout": run.timeout, "wake": run.wake, "webhook": run.webhook,
             "interrupt_before": run.interrupt_before, "interrupt_after": run.interrupt_after}
-        now = datetime.now(UTC)
         graph_id = assistant.graph_id
         metadata = {**thread.metadata, **(config or {}).get("metadata", {}), **dict(run.metadata or {}),
                     "graph_id": graph_id, "assistant_id": assistant.assistant_id}
-        stamp = now.isoformat()  # one string for its times that are the same (each run keeps them)
         return RunRow(str(uuid.uuid4()), thread.thread_id, assistant.assistant_id, stamp, stamp,
                       "pending", metadata, kwargs, strategy, self.worker_id,
-                      (now + timedelta(seconds=run.after_seconds)).isoformat() if run.after_seconds else stamp,
+                      (datetime.fromisoformat(stamp) + timedelta(seconds=run.after_seconds)).isoformat()
+                      if run.after_seconds else stamp,
                       concurrency_key=run.concurrency_key, concurrency_limit=run.concurrency_limit,
                       agent_digest=self.registry.digest_of(graph_id))
 
