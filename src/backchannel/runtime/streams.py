@@ -80,8 +80,8 @@ class RunStream:
     def add(self, event: Event) -> None:
         """Keep an event (numbered already), hand it to the listeners and wake the readers."""
         listeners = self._listeners
-        if not listeners or self._readers or self._kept_for_others():
-            self.events.append(event)  # else only the listeners want it, and they have it
+        if not listeners or self._readers or self.resumable or self._awaited or self._joining or self._paused:
+            self.events.append(event)  # else only the listeners want it, and they have it (_kept_for_others inline)
         self.last_seq = event.seq
         for listener in listeners:
             listener.take([event])
