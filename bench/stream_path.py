@@ -1,11 +1,10 @@
 """A streamed token's path in process: Python calls per token (deterministic) and CPU per token.
 
-The runtime, the agent and the server's SSE encoding as ``backchannel serve`` runs them for
-``POST /threads/{id}/runs/stream`` with ``stream_mode=["messages-tuple"]`` (``RunsClient.stream`` pushed into
-``sse.push_parts``), on a SQLite file, with ``streams.py``'s scripted model; the chunks go to a write that keeps
-only their length (no HTTP, no socket).
-
-On uvloop when installed, as the server. Two measures:
+The runtime, the agent and the server's response as ``backchannel serve`` runs them for
+``POST /threads/{id}/runs/stream`` with ``stream_mode=["messages-tuple"]`` (``RunsClient.stream`` pushed through
+``sse.push_parts`` and ``PushedChunks`` into a ``StreamingBody``), on a SQLite file, with ``streams.py``'s scripted
+model; the body's chunks go to a connection that takes every write and keeps only its length (no HTTP, no socket),
+on uvloop when installed, as the server. Two measures:
 
 * **calls per token**: cProfile over ``RUNS`` runs of ``TOKENS`` tokens and over as many runs of twice as many,
   the model yielding at once (``asyncio.sleep(0)``); the difference over the extra tokens is what one token
@@ -14,11 +13,13 @@ On uvloop when installed, as the server. Two measures:
   a token one after another, as ``streams.py``'s clients do; the process's CPU time over a window
   (``time.process_time()``) divided by the tokens written in it.
 
+And for callgrind, ``--workload T``: only ``RUNS`` runs of ``T`` tokens (the model yielding at once). Instructions per
+token: (Ir at 1,000 tokens - Ir at 200) / (20 runs x 800 tokens); two runs of the same code agree within ~250.
+
 Usage::
 
     python bench/stream_path.py [--quick] [--json] [--clients 1000] [--calls-only]
-    # instructions per token: (Ir at 400 tokens - Ir at 200) / (20 runs x 200 tokens)
-    PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/stream_path.py --workload 200   # and --workload 400
+    PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/stream_path.py --workload 200   # and --workload 1000
 """
 
 from __future__ import annotations
