@@ -429,14 +429,19 @@ class Agent:
         request = ModelRequest(plan.model, state["messages"], plan.system_prompt, plan.tool_list,
                                self.model_settings, state, ctx)
         scope = current_scope.set(InterruptScope("model", _last_id(state), ctx.resume, enclosing=current_scope.get()))
-        reply = plan.call_model(request)
+        opened = ctx.trace.start_model(request) if ctx.trace.on else None
         try:
-            message = await (ctx.trace.model_call(ctx, request, reply) if ctx.trace.on else reply)
-        except GraphInterrupt as paused:
-            paused.stage = f"before_model:{len(plan.hooks['before_model'])}"
+            message = await plan.call_model(request)  # in this frame: the tokens it streams resume one fewer
+        except BaseException as exc:
+            if opened is not None:
+                ctx.trace.end_model(ctx, request, opened, None, exc)
+            if isinstance(exc, GraphInterrupt):
+                exc.stage = f"before_model:{len(plan.hooks['before_model'])}"
             raise
         finally:
             current_scope.reset(scope)
+        if opened is not None:
+            ctx.trace.end_model(ctx, request, opened, message, None)
         if not isinstance(message, AIMessage):
             raise TypeError(f"the model call returned {type(message).__name__}, not an AIMessage")
         if self.name and message.name is None:

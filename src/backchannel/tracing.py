@@ -45,7 +45,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from backchannel._version import __version__
@@ -170,21 +170,22 @@ class Trace:
                 add_call(total, reply.usage_metadata, owner.name)
         return total
 
-    async def model_call(self, ctx: RunContext, request: ModelRequest, work: Awaitable[AIMessage]) -> AIMessage:
-        """Await a model call (``work``) in its span, and record it."""
-        start, otel = time.time(), self._otel
-        handle: Any = otel.start_chat(request) if otel is not None else None
-        try:
-            message = await work
-        except BaseException as exc:
-            self.calls += (_MODEL, ctx.span, start, time.time(), request.model.name, None, exc)
-            if otel is not None:
-                otel.end_chat(handle, None, _status_of(exc, ctx.deadline is not None), exc)
-            raise
-        self.calls += (_MODEL, ctx.span, start, time.time(), request.model.name, message, None)
-        if otel is not None:
-            otel.end_chat(handle, message, "success", None)
-        return message
+    def start_model(self, request: ModelRequest) -> tuple[float, Any]:
+        """A model call's span opened: what :meth:`end_model` needs. The agent awaits the call in its own frame
+        between the two: a wrapping coroutine would be one more frame resumed with every token the model streams."""
+        otel = self._otel
+        return time.time(), otel.start_chat(request) if otel is not None else None
+
+    def end_model(self, ctx: RunContext, request: ModelRequest, opened: tuple[float, Any],
+                  message: AIMessage | None, error: BaseException | None) -> None:
+        """Record a model call that replied ``message`` or raised ``error``, and end its span."""
+        start, handle = opened
+        self.calls += (_MODEL, ctx.span, start, time.time(), request.model.name, message, error)
+        if self._otel is not None:
+            if error is None:
+                self._otel.end_chat(handle, message, "success", None)
+            else:
+                self._otel.end_chat(handle, None, _status_of(error, ctx.deadline is not None), error)
 
     def start_tool(self, call: Mapping[str, Any], tool: Tool | None) -> tuple[float, Any]:
         """A tool call's span opened: what :meth:`end_tool` needs (the call awaits its tool in its own frame)."""

@@ -69,11 +69,11 @@ class Follower:
         stream = self.streams.get(run["run_id"])
         if stream is None:
             return
-        events, mapped = self._open(stream, run, modes, after)
+        events, parts = self._open(stream, run, modes, after)
         if with_metadata:
             yield [_metadata(run)]
         async for batch in events.batches():
-            found = mapped(batch)
+            found = _mapped(parts, batch)
             if found:
                 yield found
         if stream.status == "error" and stream.error:  # LangGraph sends no error event for a timeout
@@ -85,12 +85,13 @@ class Follower:
         stream = self.streams.get(run["run_id"])
         if stream is None:
             return
-        events, mapped = self._open(stream, run, modes, after, wire=wire)
+        events, parts = self._open(stream, run, modes, after, wire=wire)
         if with_metadata:
             sink([_metadata(run)])
 
         def take(batch: list[Event]) -> asyncio.Future[Any] | None:
-            found = mapped(batch)
+            # A token comes alone, in the publisher's call: mapped here, without mapped()'s frame.
+            found = parts(batch[0]) if len(batch) == 1 else _mapped(parts, batch)
             return sink(found) if found else None
 
         await events.push(take)
@@ -99,19 +100,14 @@ class Follower:
 
     @staticmethod
     def _open(stream: RunStream, run: Mapping[str, Any], modes: Sequence[str] | None, after: int, *,
-              wire: bool = False) -> tuple[Batches[Event], Callable[[list[Event]], list[StreamPart]]]:
-        """Follow ``stream`` after ``after``; with the function mapping each batch of its events to parts."""
+              wire: bool = False) -> tuple[Batches[Event], Callable[[Event], list[StreamPart]]]:
+        """Follow ``stream`` after ``after``; with the function mapping each of its events to parts."""
         kwargs = run["kwargs"]
         modes = modes or kwargs.get("stream_mode") or ["values"]
         events = stream.follow(after, values=wants_values(modes))
         mapper = StreamMapper(modes, subgraphs=bool(kwargs.get("stream_subgraphs")),
                               metadata={k: v for k, v in run["metadata"].items() if k != "assistant_id"}, wire=wire)
-        parts = mapper.parts
-
-        def mapped(batch: list[Event]) -> list[StreamPart]:
-            return parts(batch[0]) if len(batch) == 1 else [part for event in batch for part in parts(event)]
-
-        return events, mapped
+        return events, mapper.parts
 
     def thread(self, thread_id: str, modes: Sequence[ThreadStreamMode]) -> Batches[StreamPart]:
         """Every run of the thread from now on, one after the other, until the caller stops (pushed as a run's
@@ -150,6 +146,11 @@ class Follower:
     def thread_runs(self, thread_id: str, *, values: bool = False) -> ThreadRuns:
         """The thread's runs under way or queued now, then each new one (see :class:`ThreadRuns`)."""
         return ThreadRuns(self, thread_id, values)
+
+
+def _mapped(parts: Callable[[Event], list[StreamPart]], batch: list[Event]) -> list[StreamPart]:
+    """The parts a batch of events becomes (``parts``: of one event)."""
+    return parts(batch[0]) if len(batch) == 1 else [part for event in batch for part in parts(event)]
 
 
 def _metadata(run: Mapping[str, Any]) -> StreamPart:

@@ -300,7 +300,8 @@ class StreamingBody:
             corked.append(chunk)
             return None
         assert self._turns is not None and self._context is not None and self._loop is not None
-        turn = self._turns.now()
+        turns = self._turns
+        turn = turns.count if turns.asked else turns.now()  # (asked: counted from the turn's end, no call)
         if turn != self._turn:
             self._turn = turn
             return self._send_now(chunk)
@@ -390,23 +391,23 @@ class StreamingBody:
 class _Turns:
     """Counts an event loop's turns, lazily: a callback at the end of each turn in which somebody asked."""
 
-    __slots__ = ("loop", "count", "_asked")
+    __slots__ = ("loop", "count", "asked")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.count = 0
-        self._asked = False
+        self.count = 0  # the current turn's number, while ``asked``
+        self.asked = False
 
     def now(self) -> int:
         """The current turn's number."""
-        if not self._asked:
-            self._asked = True
+        if not self.asked:
+            self.asked = True
             self.loop.call_soon(self._next)
         return self.count
 
     def _next(self) -> None:
         self.count += 1
-        self._asked = False
+        self.asked = False
 
 
 _TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = weakref.WeakKeyDictionary()
