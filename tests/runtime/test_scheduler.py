@@ -1,5 +1,5 @@
 """The scheduler: an idle runtime leaves its database alone; runs still start at once, and delayed ones on time;
-on Postgres a run queued on a free thread is claimed in the write that stores it."""
+on SQLite and Postgres a run queued on a free thread is claimed in the write that stores it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ import time
 import uuid
 from contextlib import AsyncExitStack
 
+import pytest
 from runtime_helpers import echo_agent, tool_loop, user
 
 from backchannel import ScriptedModel, ToolRuntime, create_agent, tool
 from backchannel.runtime import LocalRuntime
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def claiming_url(request, tmp_path) -> str:
+    """A fresh database of each backend that claims a run in the write that stores it."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/claims.db"
+    return request.getfixturevalue("postgres_url")
 
 
 def count_claims(rt) -> list[float]:
@@ -49,10 +58,10 @@ async def test_a_delayed_run_starts_when_its_time_comes(make_runtime):
     assert 1.0 <= time.monotonic() - queued < 3.0  # not left for the next idle look
 
 
-async def test_a_run_on_a_free_thread_starts_without_a_claim_of_its_own(postgres_url):
+async def test_a_run_on_a_free_thread_starts_without_a_claim_of_its_own(claiming_url):
     # A claim is a transaction of five round trips; a run queued by this process on a thread with no other
     # run is claimed in the write that stores it (issue 22.2).
-    async with LocalRuntime(postgres_url, agents={"agent": echo_agent()}) as rt:
+    async with LocalRuntime(claiming_url, agents={"agent": echo_agent()}) as rt:
         await rt.runs.wait(None, "agent", input=user("warm up"))
         claims = count_claims(rt)
         thread = await rt.threads.create()
@@ -66,7 +75,7 @@ async def test_a_run_on_a_free_thread_starts_without_a_claim_of_its_own(postgres
         assert [r["status"] for r in runs] == ["success"] * 10
 
 
-async def test_runs_queued_at_once_on_one_new_thread_by_two_processes_run_one_after_the_other(postgres_url):
+async def test_runs_queued_at_once_on_one_new_thread_by_two_processes_run_one_after_the_other(claiming_url):
     spans: dict[str, list[tuple[float, float]]] = {}
 
     @tool
@@ -81,7 +90,7 @@ async def test_runs_queued_at_once_on_one_new_thread_by_two_processes_run_one_af
         return create_agent(ScriptedModel([tool_loop(1, "work")], loop=True), [work])
 
     async with AsyncExitStack() as stack:
-        first, second = [await stack.enter_async_context(LocalRuntime(postgres_url, agents={"agent": agent()}))
+        first, second = [await stack.enter_async_context(LocalRuntime(claiming_url, agents={"agent": agent()}))
                          for _ in range(2)]
         threads = [str(uuid.uuid4()) for _ in range(10)]
         made = await asyncio.gather(*(rt.runs.create(t, "agent", input=user("go"), if_not_exists="create")
@@ -111,10 +120,10 @@ def count_round_trips(rt) -> list[int]:
     return taken
 
 
-async def test_a_run_on_a_thread_it_makes_starts_without_reading_the_thread(postgres_url):
+async def test_a_run_on_a_thread_it_makes_starts_without_reading_the_thread(claiming_url):
     # A thread made in the write that claims its run has no state and no mail to read (issue 22.2): checked in
     # that write, so the run starts from an empty state with no read of its own; a thread with a past still is.
-    async with LocalRuntime(postgres_url, agents={"agent": echo_agent()}) as rt:
+    async with LocalRuntime(claiming_url, agents={"agent": echo_agent()}) as rt:
         await rt.runs.wait(None, "agent", input=user("warm up"))
         reads: list[str] = []
         for name in ("head_checkpoint", "inbox"):
@@ -137,13 +146,13 @@ async def test_a_run_on_a_thread_it_makes_starts_without_reading_the_thread(post
         assert sorted(reads) == ["head_checkpoint", "inbox"]
 
 
-async def test_a_run_is_claimed_with_the_thread_it_makes_only_if_it_makes_it(postgres_url):
+async def test_a_run_is_claimed_with_the_thread_it_makes_only_if_it_makes_it(claiming_url):
     # One statement makes the thread, stores the run and claims it, with the run's first checkpoint (issue 22.2).
     from backchannel._clock import now_iso
     from backchannel.runtime import open_storage
     from backchannel.runtime.rows import CheckpointRow, Delta, RunRow, ThreadRow
 
-    storage = open_storage(postgres_url)
+    storage = open_storage(claiming_url)
     await storage.open()
     try:
         now = now_iso()
@@ -211,3 +220,55 @@ async def test_the_statements_of_a_run_are_parsed_once(postgres_url, monkeypatch
             assert values["messages"][-1]["content"] == f"echo: turn {i}"
         await rt.runs.wait(None, "agent", input=user("alone"))
     assert parsed == []
+
+
+async def test_a_run_is_claimed_as_it_is_stored_only_on_a_busy_thread_with_no_other_run(claiming_url):
+    # The claim rule holds in the write that stores the run: one running run per thread, and the thread busy
+    # (its run's own writes made it so before: a thread left idle is not this run's to start).
+    from backchannel._clock import now_iso
+    from backchannel.runtime import open_storage
+    from backchannel.runtime.rows import RunRow, ThreadRow
+
+    storage = open_storage(claiming_url)
+    await storage.open()
+    try:
+        now = now_iso()
+
+        def run(thread_id: str) -> RunRow:
+            return RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
+
+        await storage.create_thread(ThreadRow("idle", now, now))
+        assert await storage.create_claimed_run(run("idle"), "claim") == "pending"
+        await storage.create_thread(ThreadRow("busy", now, now, status="busy"))
+        first, second = run("busy"), run("busy")
+        assert await storage.create_claimed_run(first, "first") == "running"
+        assert await storage.create_claimed_run(second, "second") == "pending"
+        stored = [await storage.get_run(r.run_id) for r in (first, second)]
+        assert [(r.status, r.claim, r.attempts) for r in stored] == [("running", "first", 1), ("pending", None, 0)]
+        gone = run("gone")
+        assert await storage.create_claimed_run(gone, "claim") is None
+        assert await storage.get_run(gone.run_id) is None
+    finally:
+        await storage.close()
+
+
+async def test_a_one_step_run_on_sqlite_takes_few_commits(tmp_path):
+    # A commit costs more than the statements it carries, and runs that come one at a time share none (issue 22):
+    # on a thread it makes, the thread, the run, its claim and its input go in one; the step and the end follow.
+    async with LocalRuntime(f"sqlite:///{tmp_path}/commits.db", agents={"agent": echo_agent()}) as rt:
+        await rt.runs.wait(None, "agent", input=user("warm up"))
+        commits: list[str] = []
+        rt.storage.db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+        for i in range(10):
+            values = await rt.runs.wait(str(uuid.uuid4()), "agent", input=user(f"new {i}"), if_not_exists="create")
+            assert values["messages"][-1]["content"] == f"echo: new {i}"
+        made = len(commits)
+        thread = await rt.threads.create()
+        commits.clear()
+        for i in range(10):
+            values = await rt.runs.wait(thread["thread_id"], "agent", input=user(f"turn {i}"))
+            assert values["messages"][-1]["content"] == f"echo: turn {i}"
+        # 3 a run on a new thread, 4 on one that exists (its input read and written after the claim); a few
+        # for the runtime's own writes meanwhile (heartbeats)
+        assert made <= 10 * 3 + 4, f"{made / 10:.1f} commits a run on a new thread"
+        assert len(commits) <= 10 * 4 + 4, f"{len(commits) / 10:.1f} commits a run on a thread that exists"
