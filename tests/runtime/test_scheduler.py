@@ -171,14 +171,14 @@ async def test_a_run_is_claimed_with_the_thread_it_makes_only_if_it_makes_it(cla
 
         made = run("new")
         assert await storage.create_claimed_run(made, "claim", thread=ThreadRow("new", now, now, status="busy"),
-                                                first=first("new", made.run_id)) == ("running", True)
+                                                first=lambda: first("new", made.run_id)) == ("running", True)
         assert (await storage.get_thread("new")).status == "busy"
         assert (await storage.get_run(made.run_id)).claim == "claim"
         assert (await storage.head_checkpoint("new")).run_id == made.run_id
         # made meanwhile by another request: it is made busy, with this one's metadata, and the run waits
         await storage.create_thread(ThreadRow("there", now, now))
         waiting = run("there")
-        stored = await storage.create_claimed_run(waiting, "claim", first=first("there", waiting.run_id),
+        stored = await storage.create_claimed_run(waiting, "claim", first=lambda: first("there", waiting.run_id),
                                                   thread=ThreadRow("there", now, now, {"k": "v"}, "busy"))
         assert stored == ("pending", False)
         thread = await storage.get_thread("there")
@@ -287,7 +287,7 @@ async def test_a_run_on_a_blank_thread_that_exists_is_claimed_with_its_input_on_
         for thread_id, blank in (("empty", True), ("stepped", False), ("mailed", False)):
             row = RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
             checkpoint = CheckpointRow(thread_id, "c1", None, 2, row.run_id, Delta.of({}), "before_agent", {}, now)
-            assert await storage.create_claimed_run(row, "claim", first=checkpoint) == ("running", blank)
+            assert await storage.create_claimed_run(row, "claim", first=lambda c=checkpoint: c) == ("running", blank)
             assert (await storage.get_checkpoint(thread_id, "c1") is not None) == blank
 
 

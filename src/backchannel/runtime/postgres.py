@@ -660,7 +660,8 @@ class PostgresStorage(Storage):
         return bool(found and found[0])
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: CheckpointRow | None = None, notice: Notice | None = None) -> StoredRun | None:
+                                 first: Callable[[], CheckpointRow | None] | None = None,
+                                 notice: Notice | None = None) -> StoredRun | None:
         # Queued with the tick's other writes: no claim transaction of its own. On a thread that exists, running
         # only if it is busy (as this run's writes made it, earlier in the batch) with no other run, and its claim
         # lock is free (no claim of it under way); a run made running elsewhere meanwhile makes the insert
@@ -678,7 +679,8 @@ class PostgresStorage(Storage):
         if thread is not None:
             params.update({f"t{i}": v for i, v in enumerate(thread_values(thread))})
         # The thread's first checkpoint, only with the run claimed (and its thread made here).
-        written = checkpoint_values(first) if first is not None and thread is not None else ()
+        head = first() if first is not None and thread is not None else None
+        written = checkpoint_values(head) if head is not None else ()
         params.update({f"c{i}": v for i, v in enumerate(written)})
         if notice is not None:
             params["nc"], params["np"] = notice

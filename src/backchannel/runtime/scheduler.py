@@ -24,7 +24,7 @@ from backchannel._clock import now_iso
 from backchannel._ids import new_id
 from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.peers import Peers
-from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow, RunStatus, ThreadRow
+from backchannel.runtime.rows import TERMINAL, CancelAction, CheckpointRow, RunRow, RunStatus, ThreadRow
 from backchannel.runtime.storage import Notice, RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 
@@ -222,17 +222,20 @@ class Scheduler:
             return "pending" if await self.storage.create_run(row, notice=notice) else None
         token = new_id()
         running = replace(row, status="running", attempts=1, claim=token)
-        # The state it starts from if its thread turns out blank (see RunStorage.create_claimed_run): as it must be
-        # when made here; where the storage looks, one that exists may be too.
-        maybe_blank = new_thread is not None or self.storage.finds_blank_threads
-        blank = self._blank_start(running) if maybe_blank and self._blank_start else None
+        blank: list[ThreadState] = []  # the state it starts from if its thread is blank (made when it is found so)
+
+        def first() -> CheckpointRow | None:
+            assert self._blank_start is not None
+            blank.append(self._blank_start(running))
+            return blank[0].head
+
         self._unstarted.discard(row.run_id)
         self._inserting.add(row.run_id)
         claiming = asyncio.Event()
         self._claims.add(claiming)
         try:
             stored = await self.storage.create_claimed_run(row, token, thread=new_thread,
-                                                           first=blank.head if blank else None, notice=notice)
+                                                           first=first if self._blank_start else None, notice=notice)
         except StorageUnavailableError:
             # Its commit may have happened all the same: the run then starts once the database answers.
             self._inserting.discard(row.run_id)
@@ -243,7 +246,7 @@ class Scheduler:
             claiming.set()
         if stored is not None and stored.status == "running":
             self._inserting.discard(row.run_id)
-            self._start(running, blank=blank if stored.blank else None)
+            self._start(running, blank=blank[0] if stored.blank and blank else None)
         elif row.run_id in self._inserting:  # not cancelled meanwhile
             self._inserting.discard(row.run_id)
             if stored is not None:  # it waits for a claim

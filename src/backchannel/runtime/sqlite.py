@@ -27,7 +27,7 @@ import re
 import sqlite3
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import IO, Any
@@ -768,14 +768,15 @@ class SQLiteStorage(Storage):
                                       (*run_values(row), row.thread_id)))
 
     claims_on_insert = True  # a claim of its own is a transaction and a commit when runs come one at a time
-    finds_blank_threads = True  # a thread made by a request of its own: the run's input goes in with its claim
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: CheckpointRow | None = None, notice: Notice | None = None) -> StoredRun | None:
+                                 first: Callable[[], CheckpointRow | None] | None = None,
+                                 notice: Notice | None = None) -> StoredRun | None:
         # One transaction: SQLite has one writer, so what it reads here holds until it commits, as claim_runs's
         # reads do. A thread made here is blank unless a checkpoint or mail was left without it; one there already
         # given as ``thread`` (made meanwhile by another request) is made busy instead, with this run's metadata,
-        # and the run goes pending, as on Postgres.
+        # and the run goes pending, as on Postgres. A thread that exists is looked at too (blank: one made by a
+        # request of its own, POST /threads, before its first run), so its run's input goes in with the claim.
         thread_id = row.thread_id
         with self._transaction() as db:
             made = thread is not None and db.execute(
@@ -791,8 +792,9 @@ class SQLiteStorage(Storage):
             if free:
                 running = replace(row, status="running", attempts=1, claim=claim)
                 db.execute(f"INSERT INTO runs VALUES ({','.join('?' * 18)})", run_values(running))
-                if first is not None and blank:
-                    db.execute(f"INSERT INTO checkpoints VALUES ({','.join('?' * 10)})", checkpoint_values(first))
+                head = first() if first is not None and blank else None
+                if head is not None:
+                    db.execute(f"INSERT INTO checkpoints VALUES ({','.join('?' * 10)})", checkpoint_values(head))
                 stored: StoredRun | None = StoredRun("running", blank=blank)
             else:
                 stored = StoredRun("pending", blank=False) if db.execute(

@@ -121,8 +121,6 @@ class RunStorage(Protocol):
     """
 
     claims_on_insert: bool = False  # whether create_claimed_run may claim (see there)
-    # Whether create_claimed_run also looks, on a thread that exists, for a blank one (see there).
-    finds_blank_threads: bool = False
 
     @abc.abstractmethod
     async def create_run(self, row: RunRow, *, notice: Notice | None = None) -> bool:
@@ -132,17 +130,18 @@ class RunStorage(Protocol):
         that stores the run, if it does."""
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: CheckpointRow | None = None, notice: Notice | None = None) -> StoredRun | None:
+                                 first: Callable[[], CheckpointRow | None] | None = None,
+                                 notice: Notice | None = None) -> StoredRun | None:
         """Insert a pending run of ``row.worker_id``'s, as :meth:`create_run` does (``None``: not inserted, its thread
         is gone), and if its thread is ``busy`` (the caller's writes made it so before) with no other run pending
         or running, claim it in the same write: stored running under the token ``claim``, its first attempt
         (status ``"running"``; else ``"pending"``). With ``thread`` (busy), the thread is made in the same write and
         the run claimed only if it was made there; a thread made meanwhile by another request is made busy instead,
         with ``thread``'s metadata, and the run goes pending. A run claimed on a thread with nothing else (no
-        checkpoint, no mail: one made here, or where ``finds_blank_threads``, one found so in the same write) is
-        ``blank``: it may start from an empty state without reading it, and ``first`` (the thread's first
-        checkpoint, the run's) is written with it. Backends whose claims cost little (``claims_on_insert`` false)
-        leave it to :meth:`claim_runs`."""
+        checkpoint, no mail: one made here; a backend may also look at one that exists, in the same write) is
+        ``blank``: it may start from an empty state without reading it, and ``first()`` (the thread's first
+        checkpoint, the run's; made only where it may be written) is written with it. Backends whose claims cost
+        little (``claims_on_insert`` false) leave it to :meth:`claim_runs`."""
         if thread is not None:  # the scheduler makes the thread apart where the storage does not claim on insert
             raise NotImplementedError("this storage does not make a thread in the write that stores a run")
         return StoredRun("pending", blank=False) if await self.create_run(row, notice=notice) else None
