@@ -205,7 +205,9 @@ async def test_cancel_a_run_seen_running_before_its_task_started(make_runtime):
     thread = await rt.threads.create()
     caught = False
     for _ in range(20):  # until the run is caught in that moment
-        run = await rt.runs.create(thread["thread_id"], "agent", input=user("stop me"))
+        # Delayed, so it takes a claim of its own (one due now on a free thread is claimed as it is stored, and
+        # started before runs.create returns)
+        run = await rt.runs.create(thread["thread_id"], "agent", input=user("stop me"), after_seconds=0.001)
         while (await rt.runs.get(thread["thread_id"], run["run_id"]))["status"] == "pending":
             await asyncio.sleep(0)
         caught = not rt.scheduler.is_executing(run["run_id"])

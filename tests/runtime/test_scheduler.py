@@ -1,5 +1,5 @@
 """The scheduler: an idle runtime leaves its database alone; runs still start at once, and delayed ones on time;
-on Postgres a run queued on a free thread is claimed in the write that stores it."""
+on SQLite and Postgres a run queued on a free thread is claimed in the write that stores it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ import time
 import uuid
 from contextlib import AsyncExitStack
 
+import pytest
 from runtime_helpers import echo_agent, tool_loop, user
 
-from backchannel import ScriptedModel, ToolRuntime, create_agent, tool
+from backchannel import HumanMessage, ScriptedModel, ToolRuntime, create_agent, tool
 from backchannel.runtime import LocalRuntime
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def claiming_url(request, tmp_path) -> str:
+    """A fresh database of each backend that claims a run in the write that stores it."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/claims.db"
+    return request.getfixturevalue("postgres_url")
 
 
 def count_claims(rt) -> list[float]:
@@ -49,10 +58,10 @@ async def test_a_delayed_run_starts_when_its_time_comes(make_runtime):
     assert 1.0 <= time.monotonic() - queued < 3.0  # not left for the next idle look
 
 
-async def test_a_run_on_a_free_thread_starts_without_a_claim_of_its_own(postgres_url):
+async def test_a_run_on_a_free_thread_starts_without_a_claim_of_its_own(claiming_url):
     # A claim is a transaction of five round trips; a run queued by this process on a thread with no other
     # run is claimed in the write that stores it (issue 22.2).
-    async with LocalRuntime(postgres_url, agents={"agent": echo_agent()}) as rt:
+    async with LocalRuntime(claiming_url, agents={"agent": echo_agent()}) as rt:
         await rt.runs.wait(None, "agent", input=user("warm up"))
         claims = count_claims(rt)
         thread = await rt.threads.create()
@@ -66,7 +75,7 @@ async def test_a_run_on_a_free_thread_starts_without_a_claim_of_its_own(postgres
         assert [r["status"] for r in runs] == ["success"] * 10
 
 
-async def test_runs_queued_at_once_on_one_new_thread_by_two_processes_run_one_after_the_other(postgres_url):
+async def test_runs_queued_at_once_on_one_new_thread_by_two_processes_run_one_after_the_other(claiming_url):
     spans: dict[str, list[tuple[float, float]]] = {}
 
     @tool
@@ -81,7 +90,7 @@ async def test_runs_queued_at_once_on_one_new_thread_by_two_processes_run_one_af
         return create_agent(ScriptedModel([tool_loop(1, "work")], loop=True), [work])
 
     async with AsyncExitStack() as stack:
-        first, second = [await stack.enter_async_context(LocalRuntime(postgres_url, agents={"agent": agent()}))
+        first, second = [await stack.enter_async_context(LocalRuntime(claiming_url, agents={"agent": agent()}))
                          for _ in range(2)]
         threads = [str(uuid.uuid4()) for _ in range(10)]
         made = await asyncio.gather(*(rt.runs.create(t, "agent", input=user("go"), if_not_exists="create")
@@ -95,6 +104,20 @@ async def test_runs_queued_at_once_on_one_new_thread_by_two_processes_run_one_af
             assert a_end <= b_start, f"two runs of thread {t} ran at once"
             values = (await first.threads.get_state(t))["values"]
             assert [m["content"] for m in values["messages"] if m["type"] == "human"] == ["go", "go"]
+
+
+def count_reads(rt) -> list[str]:
+    """The names of the reads of a run's state and mail that the runtime makes, from now on."""
+    reads: list[str] = []
+    for name in ("head_checkpoint", "inbox"):
+        read = getattr(rt.storage, name)
+
+        async def counted(*args, _read=read, _name=name):
+            reads.append(_name)
+            return await _read(*args)
+
+        setattr(rt.storage, name, counted)
+    return reads
 
 
 def count_round_trips(rt) -> list[int]:
@@ -111,20 +134,12 @@ def count_round_trips(rt) -> list[int]:
     return taken
 
 
-async def test_a_run_on_a_thread_it_makes_starts_without_reading_the_thread(postgres_url):
+async def test_a_run_on_a_thread_it_makes_starts_without_reading_the_thread(claiming_url):
     # A thread made in the write that claims its run has no state and no mail to read (issue 22.2): checked in
     # that write, so the run starts from an empty state with no read of its own; a thread with a past still is.
-    async with LocalRuntime(postgres_url, agents={"agent": echo_agent()}) as rt:
+    async with LocalRuntime(claiming_url, agents={"agent": echo_agent()}) as rt:
         await rt.runs.wait(None, "agent", input=user("warm up"))
-        reads: list[str] = []
-        for name in ("head_checkpoint", "inbox"):
-            read = getattr(rt.storage, name)
-
-            async def counted(*args, _read=read, _name=name):
-                reads.append(_name)
-                return await _read(*args)
-
-            setattr(rt.storage, name, counted)
+        reads = count_reads(rt)
         threads = [str(uuid.uuid4()) for _ in range(5)]
         for i, thread_id in enumerate(threads):
             values = await rt.runs.wait(thread_id, "agent", input=user(f"new {i}"), if_not_exists="create")
@@ -137,13 +152,13 @@ async def test_a_run_on_a_thread_it_makes_starts_without_reading_the_thread(post
         assert sorted(reads) == ["head_checkpoint", "inbox"]
 
 
-async def test_a_run_is_claimed_with_the_thread_it_makes_only_if_it_makes_it(postgres_url):
+async def test_a_run_is_claimed_with_the_thread_it_makes_only_if_it_makes_it(claiming_url):
     # One statement makes the thread, stores the run and claims it, with the run's first checkpoint (issue 22.2).
     from backchannel._clock import now_iso
     from backchannel.runtime import open_storage
     from backchannel.runtime.rows import CheckpointRow, Delta, RunRow, ThreadRow
 
-    storage = open_storage(postgres_url)
+    storage = open_storage(claiming_url)
     await storage.open()
     try:
         now = now_iso()
@@ -156,22 +171,24 @@ async def test_a_run_is_claimed_with_the_thread_it_makes_only_if_it_makes_it(pos
 
         made = run("new")
         assert await storage.create_claimed_run(made, "claim", thread=ThreadRow("new", now, now, status="busy"),
-                                                first=first("new", made.run_id)) == "running"
+                                                first=lambda: first("new", made.run_id)) == ("running", True)
         assert (await storage.get_thread("new")).status == "busy"
         assert (await storage.get_run(made.run_id)).claim == "claim"
         assert (await storage.head_checkpoint("new")).run_id == made.run_id
         # made meanwhile by another request: it is made busy, with this one's metadata, and the run waits
         await storage.create_thread(ThreadRow("there", now, now))
         waiting = run("there")
-        assert await storage.create_claimed_run(waiting, "claim", first=first("there", waiting.run_id),
-                                                thread=ThreadRow("there", now, now, {"k": "v"}, "busy")) == "pending"
+        stored = await storage.create_claimed_run(waiting, "claim", first=lambda: first("there", waiting.run_id),
+                                                  thread=ThreadRow("there", now, now, {"k": "v"}, "busy"))
+        assert stored == ("pending", False)
         thread = await storage.get_thread("there")
         assert (thread.status, thread.metadata) == ("busy", {"k": "v"})
         assert await storage.head_checkpoint("there") is None
         # a checkpoint left without its thread: the thread is made, its run waits for a claim that reads it
         await storage.put_checkpoint(first("left", "old"))
-        assert await storage.create_claimed_run(run("left"), "claim", thread=ThreadRow("left", now, now,
-                                                                                      status="busy")) == "pending"
+        stored = await storage.create_claimed_run(run("left"), "claim", thread=ThreadRow("left", now, now,
+                                                                                        status="busy"))
+        assert stored == ("pending", False)
     finally:
         await storage.close()
 
@@ -211,3 +228,94 @@ async def test_the_statements_of_a_run_are_parsed_once(postgres_url, monkeypatch
             assert values["messages"][-1]["content"] == f"echo: turn {i}"
         await rt.runs.wait(None, "agent", input=user("alone"))
     assert parsed == []
+
+
+async def test_a_run_is_claimed_as_it_is_stored_only_on_a_busy_thread_with_no_other_run(claiming_url):
+    # The claim rule holds in the write that stores the run: one running run per thread, and the thread busy
+    # (its run's own writes made it so before: a thread left idle is not this run's to start).
+    from backchannel._clock import now_iso
+    from backchannel.runtime import open_storage
+    from backchannel.runtime.rows import RunRow, ThreadRow
+
+    storage = open_storage(claiming_url)
+    await storage.open()
+    try:
+        now = now_iso()
+
+        def run(thread_id: str) -> RunRow:
+            return RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
+
+        await storage.create_thread(ThreadRow("idle", now, now))
+        assert (await storage.create_claimed_run(run("idle"), "claim")).status == "pending"
+        await storage.create_thread(ThreadRow("busy", now, now, status="busy"))
+        first, second = run("busy"), run("busy")
+        assert (await storage.create_claimed_run(first, "first")).status == "running"
+        assert (await storage.create_claimed_run(second, "second")).status == "pending"
+        stored = [await storage.get_run(r.run_id) for r in (first, second)]
+        assert [(r.status, r.claim, r.attempts) for r in stored] == [("running", "first", 1), ("pending", None, 0)]
+        gone = run("gone")
+        assert await storage.create_claimed_run(gone, "claim") is None
+        assert await storage.get_run(gone.run_id) is None
+    finally:
+        await storage.close()
+
+
+async def test_a_run_on_a_blank_thread_that_exists_is_claimed_with_its_input_on_sqlite(tmp_path):
+    # A thread made by a request of its own (POST /threads, then the run) has nothing to read either: SQLite
+    # looks in the write that claims the run, and writes the run's input with it (issue 22); one with a past
+    # still is read.
+    from backchannel._clock import now_iso
+    from backchannel.runtime.rows import CheckpointRow, Delta, RunRow, ThreadRow
+
+    async with LocalRuntime(f"sqlite:///{tmp_path}/blank.db", agents={"agent": echo_agent()}) as rt:
+        await rt.runs.wait(None, "agent", input=user("warm up"))
+        reads = count_reads(rt)
+        thread = await rt.threads.create()
+        values = await rt.runs.wait(thread["thread_id"], "agent", input=user("first"))
+        assert [m["content"] for m in values["messages"]] == ["first", "echo: first"]
+        assert reads == [], f"a run on a blank thread read {reads}"
+        values = await rt.runs.wait(thread["thread_id"], "agent", input=user("again"))
+        assert [m["content"] for m in values["messages"]] == ["first", "echo: first", "again", "echo: again"]
+        assert sorted(reads) == ["head_checkpoint", "inbox"]
+        # in the storage: the first checkpoint goes in only on a thread with none and no mail
+        now = now_iso()
+        storage = rt.storage
+        for thread_id in ("empty", "stepped", "mailed"):
+            await storage.create_thread(ThreadRow(thread_id, now, now, status="busy"))
+        await storage.put_checkpoint(CheckpointRow("stepped", "c0", None, 1, "old", Delta.of({}), "", {}, now))
+        await storage.put_inbox("mailed", "m", HumanMessage("mail"), now)
+        for thread_id, blank in (("empty", True), ("stepped", False), ("mailed", False)):
+            row = RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
+            checkpoint = CheckpointRow(thread_id, "c1", None, 2, row.run_id, Delta.of({}), "before_agent", {}, now)
+            assert await storage.create_claimed_run(row, "claim", first=lambda c=checkpoint: c) == ("running", blank)
+            assert (await storage.get_checkpoint(thread_id, "c1") is not None) == blank
+
+
+async def test_a_one_step_run_on_sqlite_takes_few_commits(tmp_path):
+    # A commit costs more than the statements it carries, and runs that come one at a time share none (issue 22):
+    # on a thread it makes (or a blank one), the thread, the run, its claim and its input go in one; the step and
+    # the end follow.
+    async with LocalRuntime(f"sqlite:///{tmp_path}/commits.db", agents={"agent": echo_agent()}) as rt:
+        await rt.runs.wait(None, "agent", input=user("warm up"))
+        commits: list[str] = []
+        rt.storage.db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+        for i in range(10):
+            values = await rt.runs.wait(str(uuid.uuid4()), "agent", input=user(f"new {i}"), if_not_exists="create")
+            assert values["messages"][-1]["content"] == f"echo: new {i}"
+        made = len(commits)
+        commits.clear()
+        for i in range(10):
+            thread = await rt.threads.create()
+            values = await rt.runs.wait(thread["thread_id"], "agent", input=user(f"first {i}"))
+            assert values["messages"][-1]["content"] == f"echo: first {i}"
+        blank = len(commits)
+        commits.clear()
+        for i in range(10):
+            values = await rt.runs.wait(thread["thread_id"], "agent", input=user(f"turn {i}"))
+            assert values["messages"][-1]["content"] == f"echo: turn {i}"
+        # 3 a run on a new thread (and 1 more where the thread is made by a request of its own), 4 on one with
+        # a past (its state read, its input written after the claim); a few for the runtime's own writes
+        # meanwhile (heartbeats)
+        assert made <= 10 * 3 + 4, f"{made / 10:.1f} commits a run on a new thread"
+        assert blank <= 10 * 4 + 4, f"{blank / 10:.1f} commits a thread made and its first run"
+        assert len(commits) <= 10 * 4 + 4, f"{len(commits) / 10:.1f} commits a run on a thread that exists"

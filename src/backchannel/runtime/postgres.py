@@ -81,7 +81,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import MISSED, Coordinator, Notice, Storage
+from backchannel.runtime.storage import MISSED, Coordinator, Notice, Storage, StoredRun
 from backchannel.serde import dumps
 
 __all__ = ["PostgresCoordinator", "PostgresStorage", "scratch_schema"]
@@ -660,7 +660,8 @@ class PostgresStorage(Storage):
         return bool(found and found[0])
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: CheckpointRow | None = None, notice: Notice | None = None) -> RunStatus | None:
+                                 first: Callable[[], CheckpointRow | None] | None = None,
+                                 notice: Notice | None = None) -> StoredRun | None:
         # Queued with the tick's other writes: no claim transaction of its own. On a thread that exists, running
         # only if it is busy (as this run's writes made it, earlier in the batch) with no other run, and its claim
         # lock is free (no claim of it under way); a run made running elsewhere meanwhile makes the insert
@@ -678,7 +679,8 @@ class PostgresStorage(Storage):
         if thread is not None:
             params.update({f"t{i}": v for i, v in enumerate(thread_values(thread))})
         # The thread's first checkpoint, only with the run claimed (and its thread made here).
-        written = checkpoint_values(first) if first is not None and thread is not None else ()
+        head = first() if first is not None and thread is not None else None
+        written = checkpoint_values(head) if head is not None else ()
         params.update({f"c{i}": v for i, v in enumerate(written)})
         if notice is not None:
             params["nc"], params["np"] = notice
@@ -688,8 +690,11 @@ class PostgresStorage(Storage):
             # the run goes in after it, as on any thread that exists.
             stored, _ = await asyncio.gather(self.create_run(row, notice=notice), self.update_thread(
                 thread.thread_id, status="busy", metadata=thread.metadata, updated_at=thread.updated_at))
-            return "pending" if stored else None
-        return None if not found else "running" if found[0] else "pending" if found[1] else None
+            return StoredRun("pending", blank=False) if stored else None
+        if not found or not (found[0] or found[1]):
+            return None
+        # Claimed on a thread that exists only where it was busy with no other run: not looked at for being blank.
+        return StoredRun("running", blank=thread is not None) if found[0] else StoredRun("pending", blank=False)
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = await self._one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))

@@ -24,7 +24,7 @@ from backchannel._clock import now_iso
 from backchannel._ids import new_id
 from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.peers import Peers
-from backchannel.runtime.rows import TERMINAL, CancelAction, RunRow, RunStatus, ThreadRow
+from backchannel.runtime.rows import TERMINAL, CancelAction, CheckpointRow, RunRow, RunStatus, ThreadRow
 from backchannel.runtime.storage import Notice, RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 
@@ -215,20 +215,27 @@ class Scheduler:
         now, with a slot free, it is claimed in the same write where the storage can, and started: ``"running"``.
         Else it waits for a claim (the caller kicks the scheduler once it may start): ``"pending"``. ``None``:
         not stored, its thread is gone. Where it is claimed so (:meth:`claims_on_insert`), ``new_thread`` is made
-        in the same write: the run then starts from its input without reading the thread, and the checkpoint of
+        in the same write; on a thread found blank there (made there, or where the storage looks, one with no
+        checkpoint and no mail) the run starts from its input without reading the thread, and the checkpoint of
         its input is written with it. A ``notice`` is sent with the run's insert (see :class:`Notice`)."""
         if not self.claims_on_insert(row, free_thread=free_thread):
             return "pending" if await self.storage.create_run(row, notice=notice) else None
         token = new_id()
         running = replace(row, status="running", attempts=1, claim=token)
-        blank = self._blank_start(running) if new_thread is not None and self._blank_start else None
+        blank: list[ThreadState] = []  # the state it starts from if its thread is blank (made when it is found so)
+
+        def first() -> CheckpointRow | None:
+            assert self._blank_start is not None
+            blank.append(self._blank_start(running))
+            return blank[0].head
+
         self._unstarted.discard(row.run_id)
         self._inserting.add(row.run_id)
         claiming = asyncio.Event()
         self._claims.add(claiming)
         try:
             stored = await self.storage.create_claimed_run(row, token, thread=new_thread,
-                                                           first=blank.head if blank else None, notice=notice)
+                                                           first=first if self._blank_start else None, notice=notice)
         except StorageUnavailableError:
             # Its commit may have happened all the same: the run then starts once the database answers.
             self._inserting.discard(row.run_id)
@@ -237,14 +244,14 @@ class Scheduler:
         finally:
             self._claims.discard(claiming)
             claiming.set()
-        if stored == "running":
+        if stored is not None and stored.status == "running":
             self._inserting.discard(row.run_id)
-            self._start(running, blank=blank)
+            self._start(running, blank=blank[0] if stored.blank and blank else None)
         elif row.run_id in self._inserting:  # not cancelled meanwhile
             self._inserting.discard(row.run_id)
-            if stored == "pending":  # it waits for a claim
+            if stored is not None:  # it waits for a claim
                 self._unstarted.add(row.run_id)
-        return stored
+        return None if stored is None else stored.status
 
     async def _claim(self, limit: int) -> None:
         # Claimed runs show as running before they start here (the claim is read before its commit is

@@ -27,7 +27,7 @@ import re
 import sqlite3
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import IO, Any
@@ -83,7 +83,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import Notice, Storage, pick_claims
+from backchannel.runtime.storage import Notice, Storage, StoredRun, pick_claims
 from backchannel.serde import dumps
 
 try:
@@ -102,6 +102,12 @@ _NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT json_extract(c.metadata, '$.pare
                     "AND json_extract(c.metadata, '$.parent_thread_id') IS NOT NULL) "
                     "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
 # A run's claim holds (its run_id and token follow as parameters).
+# A run of this thread's may be claimed as it is stored (create_claimed_run): the thread is busy (its run's writes
+# made it so) with no other run waiting or running. It is blank (nothing to read) with no checkpoint and no mail.
+_FREE_THREAD = ("SELECT EXISTS (SELECT 1 FROM threads WHERE thread_id = ? AND status = 'busy') AND NOT EXISTS "
+                "(SELECT 1 FROM runs WHERE thread_id = ? AND status IN ('pending', 'running'))")
+_LEFT_ON_THREAD = ("SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = ?) "
+                   "OR EXISTS (SELECT 1 FROM inbox WHERE thread_id = ?)")
 _HELD = "EXISTS (SELECT 1 FROM runs WHERE run_id = ? AND claim = ? AND status = 'running')"
 _CHAIN_SLICE = 500  # checkpoint rows read per query: a long chain's read yields to other requests between
 _CRONS = CronSQL("?", metadata_equals=lambda key, value: ("json_extract(metadata, ?) IS json_extract(?, '$')",
@@ -760,6 +766,42 @@ class SQLiteStorage(Storage):
         return bool(await self._write(f"INSERT INTO runs SELECT {','.join('?' * 18)} "
                                       "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = ?)",
                                       (*run_values(row), row.thread_id)))
+
+    claims_on_insert = True  # a claim of its own is a transaction and a commit when runs come one at a time
+
+    async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
+                                 first: Callable[[], CheckpointRow | None] | None = None,
+                                 notice: Notice | None = None) -> StoredRun | None:
+        # One transaction: SQLite has one writer, so what it reads here holds until it commits, as claim_runs's
+        # reads do. A thread made here is blank unless a checkpoint or mail was left without it; one there already
+        # given as ``thread`` (made meanwhile by another request) is made busy instead, with this run's metadata,
+        # and the run goes pending, as on Postgres. A thread that exists is looked at too (blank: one made by a
+        # request of its own, POST /threads, before its first run), so its run's input goes in with the claim.
+        thread_id = row.thread_id
+        with self._transaction() as db:
+            made = thread is not None and db.execute(
+                "INSERT INTO threads VALUES (?,?,?,?,?,?,?) ON CONFLICT (thread_id) DO NOTHING",
+                thread_values(thread)).rowcount == 1
+            if thread is not None and not made:
+                db.execute("UPDATE threads SET status = 'busy', metadata = ?, updated_at = ? WHERE thread_id = ?",
+                           (dump(thread.metadata), thread.updated_at, thread_id))
+            free = made or (thread is None and db.execute(_FREE_THREAD, (thread_id, thread_id)).fetchone()[0] == 1)
+            blank = free and db.execute(_LEFT_ON_THREAD, (thread_id, thread_id)).fetchone()[0] == 0
+            if made and not blank:  # claimed only on a thread made here with nothing else, as on Postgres
+                free = False
+            if free:
+                running = replace(row, status="running", attempts=1, claim=claim)
+                db.execute(f"INSERT INTO runs VALUES ({','.join('?' * 18)})", run_values(running))
+                head = first() if first is not None and blank else None
+                if head is not None:
+                    db.execute(f"INSERT INTO checkpoints VALUES ({','.join('?' * 10)})", checkpoint_values(head))
+                stored: StoredRun | None = StoredRun("running", blank=blank)
+            else:
+                stored = StoredRun("pending", blank=False) if db.execute(
+                    f"INSERT INTO runs SELECT {','.join('?' * 18)} WHERE EXISTS (SELECT 1 FROM threads WHERE "
+                    "thread_id = ?)", (*run_values(row), thread_id)).rowcount else None
+        await self._committed()
+        return stored
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = self.db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()

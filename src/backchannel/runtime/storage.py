@@ -38,7 +38,8 @@ from backchannel.runtime.rows import (
 )
 
 __all__ = ["MISSED", "AssistantStorage", "CheckpointStorage", "Coordinator", "CronStorage", "InboxStorage",
-           "ItemStorage", "Notice", "RunStorage", "Storage", "ThreadStorage", "WorkerStorage", "pick_claims"]
+           "ItemStorage", "Notice", "RunStorage", "Storage", "StoredRun", "ThreadStorage", "WorkerStorage",
+           "pick_claims"]
 
 
 class ThreadStorage(Protocol):
@@ -94,6 +95,14 @@ class ThreadStorage(Protocol):
         """How many threads :meth:`search_threads` would find without a limit."""
 
 
+class StoredRun(NamedTuple):
+    """How :meth:`RunStorage.create_claimed_run` stored a run: its status, and whether it was claimed on a blank
+    thread (nothing to read; its first checkpoint, if given, written with it)."""
+
+    status: RunStatus
+    blank: bool
+
+
 class RunStorage(Protocol):
     """Runs: queued, claimed by a worker, ended; and taken over when their worker dies.
 
@@ -121,18 +130,21 @@ class RunStorage(Protocol):
         that stores the run, if it does."""
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: CheckpointRow | None = None, notice: Notice | None = None) -> RunStatus | None:
+                                 first: Callable[[], CheckpointRow | None] | None = None,
+                                 notice: Notice | None = None) -> StoredRun | None:
         """Insert a pending run of ``row.worker_id``'s, as :meth:`create_run` does (``None``: not inserted, its thread
         is gone), and if its thread is ``busy`` (the caller's writes made it so before) with no other run pending
         or running, claim it in the same write: stored running under the token ``claim``, its first attempt
-        (``"running"``; else ``"pending"``). With ``thread`` (busy), the thread is made in the same write and the
-        run claimed only if it was made there (having nothing else, the run may start from an empty state without
-        reading it), with ``first`` (the thread's first checkpoint, the run's); a thread made meanwhile by another
-        request is made busy instead, with ``thread``'s metadata, and the run goes pending. Backends whose claims
-        cost little (``claims_on_insert`` false) leave it to :meth:`claim_runs`."""
+        (status ``"running"``; else ``"pending"``). With ``thread`` (busy), the thread is made in the same write and
+        the run claimed only if it was made there; a thread made meanwhile by another request is made busy instead,
+        with ``thread``'s metadata, and the run goes pending. A run claimed on a thread with nothing else (no
+        checkpoint, no mail: one made here; a backend may also look at one that exists, in the same write) is
+        ``blank``: it may start from an empty state without reading it, and ``first()`` (the thread's first
+        checkpoint, the run's; made only where it may be written) is written with it. Backends whose claims cost
+        little (``claims_on_insert`` false) leave it to :meth:`claim_runs`."""
         if thread is not None:  # the scheduler makes the thread apart where the storage does not claim on insert
             raise NotImplementedError("this storage does not make a thread in the write that stores a run")
-        return "pending" if await self.create_run(row, notice=notice) else None
+        return StoredRun("pending", blank=False) if await self.create_run(row, notice=notice) else None
 
     @abc.abstractmethod
     async def get_run(self, run_id: str) -> RunRow | None:
