@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from backchannel import HumanMessage, ScriptedModel, ToolMessage, create_agent, tool
-from backchannel.runtime import LocalRuntime
+from backchannel.runtime import LocalRuntime, Storage, open_storage
+
+
+@asynccontextmanager
+async def opened_storage(url: str) -> AsyncIterator[Storage]:
+    """The storage at ``url``, open for the block."""
+    storage = open_storage(url)
+    await storage.open()
+    try:
+        yield storage
+    finally:
+        await storage.close()
 
 
 def user(text: str) -> dict[str, Any]:

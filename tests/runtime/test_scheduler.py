@@ -9,10 +9,12 @@ import uuid
 from contextlib import AsyncExitStack
 
 import pytest
-from runtime_helpers import echo_agent, tool_loop, user
+from runtime_helpers import echo_agent, opened_storage, tool_loop, user
 
 from backchannel import HumanMessage, ScriptedModel, ToolRuntime, create_agent, tool
+from backchannel._clock import now_iso
 from backchannel.runtime import LocalRuntime
+from backchannel.runtime.rows import CheckpointRow, Delta, RunRow, ThreadRow
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -21,6 +23,19 @@ def claiming_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/claims.db"
     return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+async def claiming_storage(claiming_url):
+    """The storage of :func:`claiming_url`, open."""
+    async with opened_storage(claiming_url) as storage:
+        yield storage
+
+
+def pending_run(thread_id: str) -> RunRow:
+    """A new pending run of worker ``w``'s on ``thread_id``, due now."""
+    now = now_iso()
+    return RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
 
 
 def count_claims(rt) -> list[float]:
@@ -152,45 +167,33 @@ async def test_a_run_on_a_thread_it_makes_starts_without_reading_the_thread(clai
         assert sorted(reads) == ["head_checkpoint", "inbox"]
 
 
-async def test_a_run_is_claimed_with_the_thread_it_makes_only_if_it_makes_it(claiming_url):
+async def test_a_run_is_claimed_with_the_thread_it_makes_only_if_it_makes_it(claiming_storage):
     # One statement makes the thread, stores the run and claims it, with the run's first checkpoint (issue 22.2).
-    from backchannel._clock import now_iso
-    from backchannel.runtime import open_storage
-    from backchannel.runtime.rows import CheckpointRow, Delta, RunRow, ThreadRow
+    storage, now = claiming_storage, now_iso()
 
-    storage = open_storage(claiming_url)
-    await storage.open()
-    try:
-        now = now_iso()
+    def first(thread_id: str, run_id: str) -> CheckpointRow:
+        return CheckpointRow(thread_id, "c1", None, 1, run_id, Delta.of({}), "before_agent", {}, now)
 
-        def run(thread_id: str) -> RunRow:
-            return RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
-
-        def first(thread_id: str, run_id: str) -> CheckpointRow:
-            return CheckpointRow(thread_id, "c1", None, 1, run_id, Delta.of({}), "before_agent", {}, now)
-
-        made = run("new")
-        assert await storage.create_claimed_run(made, "claim", thread=ThreadRow("new", now, now, status="busy"),
-                                                first=lambda: first("new", made.run_id)) == ("running", True)
-        assert (await storage.get_thread("new")).status == "busy"
-        assert (await storage.get_run(made.run_id)).claim == "claim"
-        assert (await storage.head_checkpoint("new")).run_id == made.run_id
-        # made meanwhile by another request: it is made busy, with this one's metadata, and the run waits
-        await storage.create_thread(ThreadRow("there", now, now))
-        waiting = run("there")
-        stored = await storage.create_claimed_run(waiting, "claim", first=lambda: first("there", waiting.run_id),
-                                                  thread=ThreadRow("there", now, now, {"k": "v"}, "busy"))
-        assert stored == ("pending", False)
-        thread = await storage.get_thread("there")
-        assert (thread.status, thread.metadata) == ("busy", {"k": "v"})
-        assert await storage.head_checkpoint("there") is None
-        # a checkpoint left without its thread: the thread is made, its run waits for a claim that reads it
-        await storage.put_checkpoint(first("left", "old"))
-        stored = await storage.create_claimed_run(run("left"), "claim", thread=ThreadRow("left", now, now,
-                                                                                        status="busy"))
-        assert stored == ("pending", False)
-    finally:
-        await storage.close()
+    made = pending_run("new")
+    assert await storage.create_claimed_run(made, "claim", thread=ThreadRow("new", now, now, status="busy"),
+                                            first=lambda: first("new", made.run_id)) == ("running", True)
+    assert (await storage.get_thread("new")).status == "busy"
+    assert (await storage.get_run(made.run_id)).claim == "claim"
+    assert (await storage.head_checkpoint("new")).run_id == made.run_id
+    # made meanwhile by another request: it is made busy, with this one's metadata, and the run waits
+    await storage.create_thread(ThreadRow("there", now, now))
+    waiting = pending_run("there")
+    stored = await storage.create_claimed_run(waiting, "claim", first=lambda: first("there", waiting.run_id),
+                                              thread=ThreadRow("there", now, now, {"k": "v"}, "busy"))
+    assert stored == ("pending", False)
+    thread = await storage.get_thread("there")
+    assert (thread.status, thread.metadata) == ("busy", {"k": "v"})
+    assert await storage.head_checkpoint("there") is None
+    # a checkpoint left without its thread: the thread is made, its run waits for a claim that reads it
+    await storage.put_checkpoint(first("left", "old"))
+    stored = await storage.create_claimed_run(pending_run("left"), "claim",
+                                              thread=ThreadRow("left", now, now, status="busy"))
+    assert stored == ("pending", False)
 
 
 async def test_a_one_step_run_takes_few_round_trips_to_the_database(postgres_url):
@@ -230,43 +233,27 @@ async def test_the_statements_of_a_run_are_parsed_once(postgres_url, monkeypatch
     assert parsed == []
 
 
-async def test_a_run_is_claimed_as_it_is_stored_only_on_a_busy_thread_with_no_other_run(claiming_url):
+async def test_a_run_is_claimed_as_it_is_stored_only_on_a_busy_thread_with_no_other_run(claiming_storage):
     # The claim rule holds in the write that stores the run: one running run per thread, and the thread busy
     # (its run's own writes made it so before: a thread left idle is not this run's to start).
-    from backchannel._clock import now_iso
-    from backchannel.runtime import open_storage
-    from backchannel.runtime.rows import RunRow, ThreadRow
-
-    storage = open_storage(claiming_url)
-    await storage.open()
-    try:
-        now = now_iso()
-
-        def run(thread_id: str) -> RunRow:
-            return RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
-
-        await storage.create_thread(ThreadRow("idle", now, now))
-        assert (await storage.create_claimed_run(run("idle"), "claim")).status == "pending"
-        await storage.create_thread(ThreadRow("busy", now, now, status="busy"))
-        first, second = run("busy"), run("busy")
-        assert (await storage.create_claimed_run(first, "first")).status == "running"
-        assert (await storage.create_claimed_run(second, "second")).status == "pending"
-        stored = [await storage.get_run(r.run_id) for r in (first, second)]
-        assert [(r.status, r.claim, r.attempts) for r in stored] == [("running", "first", 1), ("pending", None, 0)]
-        gone = run("gone")
-        assert await storage.create_claimed_run(gone, "claim") is None
-        assert await storage.get_run(gone.run_id) is None
-    finally:
-        await storage.close()
+    storage, now = claiming_storage, now_iso()
+    await storage.create_thread(ThreadRow("idle", now, now))
+    assert (await storage.create_claimed_run(pending_run("idle"), "claim")).status == "pending"
+    await storage.create_thread(ThreadRow("busy", now, now, status="busy"))
+    first, second = pending_run("busy"), pending_run("busy")
+    assert (await storage.create_claimed_run(first, "first")).status == "running"
+    assert (await storage.create_claimed_run(second, "second")).status == "pending"
+    stored = [await storage.get_run(r.run_id) for r in (first, second)]
+    assert [(r.status, r.claim, r.attempts) for r in stored] == [("running", "first", 1), ("pending", None, 0)]
+    gone = pending_run("gone")
+    assert await storage.create_claimed_run(gone, "claim") is None
+    assert await storage.get_run(gone.run_id) is None
 
 
 async def test_a_run_on_a_blank_thread_that_exists_is_claimed_with_its_input_on_sqlite(tmp_path):
     # A thread made by a request of its own (POST /threads, then the run) has nothing to read either: SQLite
     # looks in the write that claims the run, and writes the run's input with it (issue 22); one with a past
     # still is read.
-    from backchannel._clock import now_iso
-    from backchannel.runtime.rows import CheckpointRow, Delta, RunRow, ThreadRow
-
     async with LocalRuntime(f"sqlite:///{tmp_path}/blank.db", agents={"agent": echo_agent()}) as rt:
         await rt.runs.wait(None, "agent", input=user("warm up"))
         reads = count_reads(rt)
@@ -285,7 +272,7 @@ async def test_a_run_on_a_blank_thread_that_exists_is_claimed_with_its_input_on_
         await storage.put_checkpoint(CheckpointRow("stepped", "c0", None, 1, "old", Delta.of({}), "", {}, now))
         await storage.put_inbox("mailed", "m", HumanMessage("mail"), now)
         for thread_id, blank in (("empty", True), ("stepped", False), ("mailed", False)):
-            row = RunRow(str(uuid.uuid4()), thread_id, "agent", now, now, "pending", {}, {}, "enqueue", "w", now)
+            row = pending_run(thread_id)
             checkpoint = CheckpointRow(thread_id, "c1", None, 2, row.run_id, Delta.of({}), "before_agent", {}, now)
             assert await storage.create_claimed_run(row, "claim", first=lambda c=checkpoint: c) == ("running", blank)
             assert (await storage.get_checkpoint(thread_id, "c1") is not None) == blank

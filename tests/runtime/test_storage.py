@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
+from runtime_helpers import opened_storage
 
 from backchannel._clock import now_iso
 from backchannel.errors import LostRunError, NotFoundError
@@ -26,10 +27,8 @@ from backchannel.runtime.rows import (
 
 @pytest.fixture
 async def storage(store_url):
-    s = open_storage(store_url)
-    await s.open()
-    yield s
-    await s.close()
+    async with opened_storage(store_url) as s:
+        yield s
 
 
 def _run(thread_id, *, status="pending", worker="w1", at=None, key=None, limit=None):
