@@ -101,13 +101,16 @@ _NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT json_extract(c.metadata, '$.pare
                     "JOIN threads c ON c.thread_id = r.thread_id WHERE r.status IN ('pending', 'running') "
                     "AND json_extract(c.metadata, '$.parent_thread_id') IS NOT NULL) "
                     "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
-# A run's claim holds (its run_id and token follow as parameters).
 # A run of this thread's may be claimed as it is stored (create_claimed_run): the thread is busy (its run's writes
 # made it so) with no other run waiting or running. It is blank (nothing to read) with no checkpoint and no mail.
 _FREE_THREAD = ("SELECT EXISTS (SELECT 1 FROM threads WHERE thread_id = ? AND status = 'busy') AND NOT EXISTS "
                 "(SELECT 1 FROM runs WHERE thread_id = ? AND status IN ('pending', 'running'))")
 _LEFT_ON_THREAD = ("SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = ?) "
                    "OR EXISTS (SELECT 1 FROM inbox WHERE thread_id = ?)")
+# A run stored only on a thread that exists (its values, then its thread_id, follow as parameters).
+_RUN_ON_ITS_THREAD = (f"INSERT INTO runs SELECT {','.join('?' * 18)} "
+                      "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = ?)")
+# A run's claim holds (its run_id and token follow as parameters).
 _HELD = "EXISTS (SELECT 1 FROM runs WHERE run_id = ? AND claim = ? AND status = 'running')"
 _CHAIN_SLICE = 500  # checkpoint rows read per query: a long chain's read yields to other requests between
 _CRONS = CronSQL("?", metadata_equals=lambda key, value: ("json_extract(metadata, ?) IS json_extract(?, '$')",
@@ -763,9 +766,7 @@ class SQLiteStorage(Storage):
     # -- runs
 
     async def create_run(self, row: RunRow, *, notice: Notice | None = None) -> bool:
-        return bool(await self._write(f"INSERT INTO runs SELECT {','.join('?' * 18)} "
-                                      "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = ?)",
-                                      (*run_values(row), row.thread_id)))
+        return bool(await self._write(_RUN_ON_ITS_THREAD, (*run_values(row), row.thread_id)))
 
     claims_on_insert = True  # a claim of its own is a transaction and a commit when runs come one at a time
 
@@ -798,8 +799,7 @@ class SQLiteStorage(Storage):
                 stored: StoredRun | None = StoredRun("running", blank=blank)
             else:
                 stored = StoredRun("pending", blank=False) if db.execute(
-                    f"INSERT INTO runs SELECT {','.join('?' * 18)} WHERE EXISTS (SELECT 1 FROM threads WHERE "
-                    "thread_id = ?)", (*run_values(row), thread_id)).rowcount else None
+                    _RUN_ON_ITS_THREAD, (*run_values(row), thread_id)).rowcount else None
         await self._committed()
         return stored
 
