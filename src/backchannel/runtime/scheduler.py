@@ -222,20 +222,14 @@ class Scheduler:
             return "pending" if await self.storage.create_run(row, notice=notice) else None
         token = new_id()
         running = replace(row, status="running", attempts=1, claim=token)
-        blank: list[ThreadState] = []  # the state it starts from if its thread is blank (made when it is found so)
-
-        def first() -> CheckpointRow | None:
-            assert self._blank_start is not None
-            blank.append(self._blank_start(running))
-            return blank[0].head
-
+        blank = _BlankStart(self._blank_start, running) if self._blank_start else None
         self._unstarted.discard(row.run_id)
         self._inserting.add(row.run_id)
         claiming = asyncio.Event()
         self._claims.add(claiming)
         try:
             stored = await self.storage.create_claimed_run(row, token, thread=new_thread,
-                                                           first=first if self._blank_start else None, notice=notice)
+                                                           first=blank, notice=notice)
         except StorageUnavailableError:
             # Its commit may have happened all the same: the run then starts once the database answers.
             self._inserting.discard(row.run_id)
@@ -246,7 +240,7 @@ class Scheduler:
             claiming.set()
         if stored is not None and stored.status == "running":
             self._inserting.discard(row.run_id)
-            self._start(running, blank=blank[0] if stored.blank and blank else None)
+            self._start(running, blank=blank.state if stored.blank and blank is not None else None)
         elif row.run_id in self._inserting:  # not cancelled meanwhile
             self._inserting.discard(row.run_id)
             if stored is not None:  # it waits for a claim
@@ -303,6 +297,22 @@ class Scheduler:
         self.peers.run_started(row, stream)
         if row.run_id in self._cancel_actions:  # cancelled while it was being claimed
             _cancel(task)
+
+
+class _BlankStart:
+    """The state a run starts from on a blank thread: made when the storage, inside the run's insert, finds
+    its thread blank (it calls this), and kept for the run only if the storage says that write went in."""
+
+    __slots__ = ("_make", "_row", "state")
+
+    def __init__(self, make: Callable[[RunRow], ThreadState], row: RunRow) -> None:
+        self._make = make
+        self._row = row
+        self.state: ThreadState | None = None
+
+    def __call__(self) -> CheckpointRow | None:
+        self.state = self._make(self._row)
+        return self.state.head
 
 
 def _cancel(task: asyncio.Task[None]) -> None:
