@@ -248,6 +248,8 @@ class Agent:
     async def _end(self, plan: _Plan, ctx: RunContext, result: RunResult, *, raising: bool = False) -> None:
         """Tell ``on_end`` hooks how the run ended. A failure fails a successful run; after another
         failure it is logged, since the run's own error is the one to report."""
+        if plan.hooks["on_end"] and ctx.recorder is not None:
+            await ctx.recorder.flush()  # what they do (a report to a supervisor) follows the run's last step
         for mw_name, fn in plan.hooks["on_end"]:
             try:
                 await fn(result.state, ctx, result)
