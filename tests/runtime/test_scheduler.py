@@ -13,6 +13,7 @@ from runtime_helpers import echo_agent, opened_storage, tool_loop, user
 
 from backchannel import HumanMessage, ScriptedModel, ToolRuntime, create_agent, tool
 from backchannel._clock import now_iso
+from backchannel.notifier import CompletionNotifier
 from backchannel.runtime import LocalRuntime
 from backchannel.runtime.rows import CheckpointRow, Delta, RunRow, ThreadRow
 
@@ -282,7 +283,8 @@ async def test_a_one_step_run_on_sqlite_takes_few_commits(tmp_path):
     # A commit costs more than the statements it carries, and runs that come one at a time share none (issue 22):
     # on a thread it makes (or a blank one), the thread, the run, its claim and its input go in one; its last step
     # goes in with its end.
-    async with LocalRuntime(f"sqlite:///{tmp_path}/commits.db", agents={"agent": echo_agent()}) as rt:
+    served = echo_agent(middleware=[CompletionNotifier()])  # as a server serves every agent (a no-op here)
+    async with LocalRuntime(f"sqlite:///{tmp_path}/commits.db", agents={"agent": served}) as rt:
         await rt.runs.wait(None, "agent", input=user("warm up"))
         commits: list[str] = []
         rt.storage.db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)

@@ -13,7 +13,6 @@ from backchannel._clock import now_iso
 from backchannel.errors import LostRunError, NotFoundError
 from backchannel.messages import HumanMessage, message_to_dict
 from backchannel.runtime.backends import open_storage
-from backchannel.runtime.storage import ParentGoneError
 from backchannel.runtime.rows import (
     CheckpointBase,
     CheckpointRow,
@@ -26,6 +25,7 @@ from backchannel.runtime.rows import (
     ThreadTTL,
     delta_text,
 )
+from backchannel.runtime.storage import ParentGoneError
 
 
 @pytest.fixture

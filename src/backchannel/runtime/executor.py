@@ -2,9 +2,9 @@
 
 A run loads its thread's newest state (or the checkpoint it asks for), applies
 its input or command as a checkpoint, and runs its agent with a recorder that
-checkpoints every step (its last one with its end, in one transaction). It ends ``success`` (also when it paused for a human:
+checkpoints every step. It ends ``success`` (also when it paused for a human:
 then its thread is ``interrupted``), ``error``, ``timeout``, or ``interrupted``
-when cancelled; that end is recorded in one write. A run stopped because the
+when cancelled; that end is recorded in one write, with the run's last step. A run stopped because the
 runtime closes records nothing, and is resumed from its last checkpoint by the
 next runtime to open the database. When the database refuses the end (a full
 disk), the run's waiters still learn it from its stream, and the end is
