@@ -718,6 +718,10 @@ class Recorder:
         self._show(self._unshown)
         self._unshown = None
 
+    def hide(self) -> None:
+        """The held step is to be written after the run's stream has ended: its checkpoint is not shown."""
+        self._unshown = None
+
     def _show(self, event: Event | None) -> None:
         if event is not None and self.bus is not None:
             self.bus.publish(event)

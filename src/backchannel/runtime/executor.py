@@ -335,6 +335,8 @@ class Executor:
         try:
             return await self._finish_run(end, recorder)
         except StorageUnavailableError:
+            if recorder is not None:
+                recorder.hide()  # the run's stream ends now
             self._spawn(self._record_end_later(end, recorder))
             return False
 
