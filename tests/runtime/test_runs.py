@@ -517,3 +517,30 @@ async def test_a_run_failing_after_its_last_step_records_the_step_with_its_error
     state = await rt.threads.get_state(tid)
     assert contents(state["values"]) == ["hi", "echo: hi"]
     assert [h["metadata"]["step"] for h in reversed(await rt.threads.get_history(tid))] == [-1, 0]
+
+
+async def test_a_runs_last_step_whose_parent_was_deleted_meanwhile_is_stored_whole_with_its_end(make_runtime):
+    """A run's last step follows a checkpoint of the run before it (the run made none of its own first), and that
+    run is deleted while the step waits for the end: the step goes in holding the whole state, then the end."""
+    rt = await make_runtime({"agent": echo_agent()})
+    storage = rt.storage
+    tid = str(uuid.uuid4())
+    first = await rt.runs.wait(tid, "agent", input=user("hi"), if_not_exists="create")
+    [done] = await rt.runs.list(tid)
+    ending, finish_run = asyncio.Event(), storage.finish_run
+
+    async def held_back(end):
+        await ending.wait()
+        return await finish_run(end)
+
+    storage.finish_run = held_back
+    again = await rt.runs.create(tid, "agent", command={"goto": "model"})  # no checkpoint before its step
+    await eventually(lambda: run_status_is(rt, tid, again["run_id"], "running"))
+    await asyncio.sleep(0.05)
+    await rt.runs.delete(tid, done["run_id"])
+    ending.set()
+    values = await asyncio.wait_for(rt.runs.join(tid, again["run_id"]), 5)
+    assert contents(values) == [*contents(first), "echo: hi"]
+    assert (await rt.runs.get(tid, again["run_id"]))["status"] == "success"
+    [stored] = await rt.threads.get_history(tid)
+    assert stored["values"] == values and stored["next"] == []

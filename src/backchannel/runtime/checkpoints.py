@@ -329,15 +329,12 @@ class Checkpointer:
 
     async def put(self, state: ThreadState, write: CheckpointWrite, claim: RunClaim | None = None) -> None:
         """Write a checkpoint :meth:`prepare` made ``state``'s head (under the run's ``claim``)."""
-        if not await self.storage.put_checkpoint(write.row, claim, base=write.base, parent_seq=write.parent_seq):
-            await self.put_whole(state, write.row, claim)
-
-    async def put_whole(self, state: ThreadState, row: CheckpointRow, claim: RunClaim | None = None) -> None:
-        """Write ``row``, ``state``'s head, holding the whole state: its parent is gone (its run was deleted
-        meanwhile)."""
-        row.delta, row.whole = _whole_delta(state), True
-        _advance(state, row, None, {}, None)
-        await self.storage.put_checkpoint(row, claim)
+        row = write.row
+        if not await self.storage.put_checkpoint(row, claim, base=write.base, parent_seq=write.parent_seq):
+            # Its parent is gone (its run was deleted meanwhile): the state is recorded whole.
+            row.delta, row.whole = _whole_delta(state), True
+            _advance(state, row, None, {}, None)
+            await self.storage.put_checkpoint(row, claim)
 
     def first(self, thread_id: str, update: Mapping[str, Any], *, next_stage: str, source: str, run_id: str,
               step: int, reducers: Mapping[str, Reducer]) -> ThreadState | None:
