@@ -223,6 +223,18 @@ if kill_point == "before_delivery":
         return await original(self, state, ctx, result)
 
     CompletionNotifier.on_end = slow_on_end
+elif kill_point == "after_notification":
+    # The notification is stored in the parent's inbox; stall before the subagent's run's end is recorded.
+    from backchannel.runtime.sqlite import SQLiteStorage
+
+    finish_run = SQLiteStorage.finish_run
+
+    async def slow_finish_run(self, end):
+        if end.thread_id != "parent":
+            await hang("notification stored, the task's end not recorded")
+        return await finish_run(self, end)
+
+    SQLiteStorage.finish_run = slow_finish_run
 else:
     # The notification is stored in the parent's inbox; stall before the parent is woken.
     async def slow_wake(self, thread_id, assistant_id=None):

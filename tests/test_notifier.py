@@ -33,6 +33,7 @@ from backchannel import HumanMessage, ScriptedModel, ToolMessage, ToolRuntime, c
 from backchannel.deep_agent import create_deep_agent
 from backchannel.notifier import SUMMARY_LIMIT, CompletionNotifier, format_notification, notification_message
 from backchannel.runtime import LocalRuntime
+from backchannel.runtime.sqlite import SQLiteStorage
 from backchannel.subagents import SubAgent
 
 TESTS_DIR = Path(__file__).parent
@@ -567,7 +568,7 @@ async def test_each_task_run_notifies_exactly_once_even_with_many_tasks():
 # -- a crash between the subagent's end and the parent's notification ----------------------------------------
 
 
-@pytest.mark.parametrize("kill_point", ["before_delivery", "after_store"])
+@pytest.mark.parametrize("kill_point", ["before_delivery", "after_notification", "after_store"])
 async def test_crash_before_the_parent_is_told_still_notifies_exactly_once(tmp_path, kill_point):
     db = tmp_path / "state.db"
     marker = tmp_path / "marker"
@@ -588,6 +589,13 @@ async def test_crash_before_the_parent_is_told_still_notifies_exactly_once(tmp_p
         process.send_signal(signal.SIGKILL)
         process.wait()  # reap it, so the restarted runtime sees it is gone
     assert process.returncode == -signal.SIGKILL
+    if kill_point == "after_notification":  # what the parent was told is the task's state, stored before it
+        storage = SQLiteStorage(str(db))
+        await storage.open()
+        [task] = [t for t in await storage.search_threads() if t.thread_id != "parent"]
+        last = await storage.head_checkpoint(task.thread_id)
+        assert (last.next, [m["content"] for m in last.delta["messages"]]) == ("", ["The answer is 42."])
+        await storage.close()
 
     agent = crash_supervisor()
     async with LocalRuntime(f"sqlite:///{db}", agents={"supervisor": agent}) as rt:

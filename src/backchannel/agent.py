@@ -67,6 +67,7 @@ class _Plan:
     tool_layer: str | None  # the middleware of that layer (None: no wrap_tool_call middleware)
     available: str  # the tools' names, for the model when it calls one that does not exist
     reducers: dict[str, Reducer]
+    stored_before_end: bool  # the run's last step is stored before on_end hooks (see Middleware)
 
 
 _NO_NODES: frozenset[str] = frozenset()  # the nodes a run pauses at, when it has no breakpoints
@@ -138,6 +139,8 @@ class Agent:
             tool_layer=hooks["wrap_tool_call"][0][0] if hooks["wrap_tool_call"] else None,
             available=available,
             reducers=reducers,
+            stored_before_end=any(overrides(mw, "on_end") and not mw.on_end_stores_last_step
+                                  for mw in self.middleware),
         )
         return self._plan
 
@@ -248,6 +251,8 @@ class Agent:
     async def _end(self, plan: _Plan, ctx: RunContext, result: RunResult, *, raising: bool = False) -> None:
         """Tell ``on_end`` hooks how the run ended. A failure fails a successful run; after another
         failure it is logged, since the run's own error is the one to report."""
+        if plan.stored_before_end and ctx.recorder is not None:
+            await ctx.recorder.flush()  # what they do (a report) follows the run's last step
         for mw_name, fn in plan.hooks["on_end"]:
             try:
                 await fn(result.state, ctx, result)

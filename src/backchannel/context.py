@@ -26,7 +26,11 @@ class StepRecorder(Protocol):
     """Where a run's state changes are recorded (the runtime's checkpointer)."""
 
     async def step(self, node: str, update: Mapping[str, Any], next_stage: str) -> None:
-        """Record that ``node`` applied ``update``; the run continues at ``next_stage``."""
+        """Record that ``node`` applied ``update``; the run continues at ``next_stage``. The run's last step
+        (no ``next_stage``) may be held, to be recorded with the run's end: see :meth:`flush`."""
+
+    async def flush(self) -> None:
+        """Record a held last step now: before the run does anything others see after it (``on_end`` hooks)."""
 
     async def pending(self, tool_call_id: str, update: Mapping[str, Any]) -> None:
         """Record one finished tool call of a parallel batch before the batch is applied."""

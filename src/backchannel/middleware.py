@@ -91,12 +91,17 @@ class Middleware:
 
     Class attributes a middleware may set: ``tools`` it adds to the agent,
     ``state_schema`` (a TypedDict whose ``Annotated[T, reducer]`` keys extend
-    the state), and ``system_prompt`` text appended to the agent's.
+    the state), ``system_prompt`` text appended to the agent's, and
+    ``on_end_stores_last_step``.
     """
 
     tools: Sequence[Tool] = ()
     state_schema: ClassVar[type | None] = None
     system_prompt: str | None = None
+    # A run's last step is stored with its end; before ``on_end`` is called, the run stores it (a hook that tells
+    # others what the run did must tell what is stored), unless the middleware says its ``on_end`` does so itself
+    # (``await ctx.recorder.flush()``) before whatever it does that others see, and only when it does something.
+    on_end_stores_last_step: ClassVar[bool] = False
 
     @property
     def name(self) -> str:

@@ -119,6 +119,7 @@ class CompletionNotifier(Middleware):
     """
 
     state_schema = ParentContext
+    on_end_stores_last_step = True  # only a run that reports (a background task's) waits for it
 
     def __init__(self, *, supervisor_url: str | None = None,
                  supervisor_headers: Mapping[str, str] | None = None) -> None:
@@ -133,6 +134,8 @@ class CompletionNotifier(Middleware):
         status, detail = _outcome(result)
         if status is None:
             return
+        if ctx.recorder is not None and (state.get("task_id") or ctx.metadata.get("parent_thread_id")):
+            await ctx.recorder.flush()  # what the supervisor is told is what the task's thread has stored
         if state.get("task_id"):  # started by backchannel: the parent context is in the input
             if state.get("parent_thread_id"):
                 await self._notify(runtime, state, ctx, notification_message(

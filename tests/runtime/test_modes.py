@@ -186,6 +186,36 @@ async def test_checkpoints_stream_one_per_step(trt):
     assert checkpoints[1]["parent_config"]["configurable"]["checkpoint_id"] == streamed_ids[0]
 
 
+async def test_a_runs_last_step_is_shown_live_and_its_checkpoint_once_stored_with_the_runs_end(make_runtime):
+    """A run's last step is stored with its end, in one transaction. Until then its values stream live (as every
+    step's do, and its tokens before them), but nothing says it is stored: the thread's state is still the one
+    before it, and its checkpoint is streamed only once the end has stored it."""
+    rt = await make_runtime({"echo": echo_agent()})
+    storage = rt.storage
+    ending, finish_run = asyncio.Event(), storage.finish_run
+
+    async def held_back(end):
+        await ending.wait()
+        return await finish_run(end)
+
+    storage.finish_run = held_back
+    tid = (await rt.threads.create())["thread_id"]
+    stored = []
+    async for part in rt.runs.stream(tid, "echo", input=user("hi"), stream_mode=["values", "checkpoints"]):
+        if part.event == "checkpoints":
+            checkpoint_id = part.data["config"]["configurable"]["checkpoint_id"]
+            stored.append(await storage.get_checkpoint(tid, checkpoint_id) is not None)
+        elif part.event == "values" and len(part.data["messages"]) == 2:  # the last step's, as the end waits
+            await asyncio.sleep(0.05)
+            assert stored == []
+            state = await rt.threads.get_state(tid)
+            assert ([m["content"] for m in state["values"]["messages"]], state["next"]) == (["hi"], ["model"])
+            ending.set()
+    assert stored == [True]
+    state = await rt.threads.get_state(tid)
+    assert ([m["content"] for m in state["values"]["messages"]], state["next"]) == (["hi", "echo: hi"], [])
+
+
 async def test_events_tasks_and_debug_modes_produce_parts(trt):
     _, parts = await _stream(trt, ["events", "tasks", "debug"])
     kinds = {p.data["event"] for p in parts if p.event == "events"}

@@ -286,3 +286,99 @@ async def test_heartbeats_go_on_while_waking_threads_with_mail_is_slow(tmp_path)
             await wait_until(beating, 10, 0.02, "heartbeats while the wake-ups wait")
         finally:
             answered.set()
+
+
+LAST_STEP_AGENT = textwrap.dedent('''
+    """An agent whose one model call is logged with the pid that made it."""
+    import os
+
+    from backchannel import ScriptedModel, create_agent
+
+
+    def build(workdir):
+        def reply(request):
+            with open(os.path.join(workdir, "model.log"), "a") as f:
+                f.write(f"{os.getpid()}\\n")
+            return "the answer"
+
+        return create_agent(ScriptedModel([reply], loop=True))
+''')
+
+KILLED_AT_THE_END = textwrap.dedent('''
+    import asyncio
+    import os
+    import sys
+    import time
+
+    sys.path.insert(0, sys.argv[1])
+    from last_step_agent import build
+
+    from backchannel.runtime import LocalRuntime
+    from backchannel.runtime.sqlite import SQLiteStorage
+
+    workdir, db, thread_id = sys.argv[1:4]
+    finish_run = SQLiteStorage.finish_run
+
+
+    async def stalled_finish_run(self, end):
+        # The run's last step is done and its end is about to be recorded: the process dies here.
+        with open(os.path.join(workdir, "marker.tmp"), "w") as f:
+            f.write(end.run_id)
+        os.replace(os.path.join(workdir, "marker.tmp"), os.path.join(workdir, "marker"))
+        time.sleep(60)
+        return await finish_run(self, end)
+
+
+    SQLiteStorage.finish_run = stalled_finish_run
+
+
+    async def main():
+        async with LocalRuntime(store=f"sqlite:///{db}", agents={"agent": build(workdir)}) as rt:
+            await rt.runs.create(thread_id, "agent", input={"messages": [{"role": "user", "content": "hi"}]},
+                                 if_not_exists="create")
+            await asyncio.sleep(3600)
+
+
+    asyncio.run(main())
+''')
+
+
+async def test_a_process_killed_between_a_runs_last_step_and_its_end_leaves_neither_and_the_run_ends_once(tmp_path):
+    """The last step goes in with the run's end (one commit): killed between them, neither is stored, and the next
+    runtime runs that step again, as a step whose write was lost, and records the run's end once."""
+    (tmp_path / "last_step_agent.py").write_text(LAST_STEP_AGENT)
+    (tmp_path / "killed.py").write_text(KILLED_AT_THE_END)
+    db, thread_id = tmp_path / "state.db", str(uuid.uuid4())
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "killed.py"), str(tmp_path), str(db), thread_id],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        await wait_until(lambda: (tmp_path / "marker").exists() or proc.poll() is not None, timeout=20)
+        assert (tmp_path / "marker").exists(), proc.stderr.read().decode() if proc.poll() is not None else ""
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(5)
+    run_id = (tmp_path / "marker").read_text()
+
+    storage = SQLiteStorage(str(db))
+    await storage.open()
+    assert (await storage.get_run(run_id)).status == "running"
+    [stored] = await storage.list_checkpoints(thread_id)  # the run's input, not its step
+    assert (stored.metadata["step"], stored.next) == (-1, "before_agent")
+    await storage.close()
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from last_step_agent import build
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("last_step_agent", None)
+    async with LocalRuntime(store=f"sqlite:///{db}", agents={"agent": build(str(tmp_path))}) as rt:
+        values = await asyncio.wait_for(rt.runs.join(thread_id, run_id), 10)
+        [run] = await rt.runs.list(thread_id)
+        history = await rt.threads.get_history(thread_id)
+        thread = await rt.threads.get(thread_id)
+    assert [m["content"] for m in values["messages"]] == ["hi", "the answer"]
+    assert (run["run_id"], run["status"], thread["status"]) == (run_id, "success", "idle")
+    assert [h["metadata"]["step"] for h in reversed(history)] == [-1, 0]
+    calls = (tmp_path / "model.log").read_text().split()
+    assert calls == [str(proc.pid), str(os.getpid())]  # the step the dead process did, done again here

@@ -11,12 +11,14 @@ from subagent_helpers import wait_until
 
 from backchannel import (
     InvalidRequestError,
+    Middleware,
     NotFoundError,
     ScriptedModel,
     ToolRuntime,
     create_agent,
     tool,
 )
+from backchannel.errors import StorageUnavailableError
 from backchannel.runtime import assistant_id_for
 
 RUN_KEYS = {"run_id", "thread_id", "assistant_id", "metadata", "status", "kwargs", "multitask_strategy",
@@ -458,3 +460,87 @@ async def test_create_batch_and_cancel_many_for_embedded_callers(make_runtime):
         await rt.runs.cancel_many(status="finished")
     with pytest.raises(InvalidRequestError):
         await rt.runs.cancel_many(thread_id=slow["thread_id"])  # which of its runs?
+
+
+async def test_an_on_end_hook_sees_the_runs_last_step_stored(make_runtime):
+    """A run's last step is stored with its end, but a hook told of the end (which may tell others what the run
+    did) is called once that step is stored; only a middleware that says it stores the step itself is not."""
+    seen = {}
+
+    class Reporter(Middleware):
+        async def on_end(self, state, ctx, result):
+            seen[ctx.run_id] = (await storage.head_checkpoint(ctx.thread_id)).next
+
+    class Quiet(Middleware):
+        on_end_stores_last_step = True
+
+        async def on_end(self, state, ctx, result):
+            seen[ctx.run_id] = (await storage.head_checkpoint(ctx.thread_id)).next
+
+    rt = await make_runtime({"reporting": echo_agent(middleware=[Reporter()]),
+                             "quiet": echo_agent(middleware=[Quiet()])})
+    storage = rt.storage
+    reported = await rt.runs.create(str(uuid.uuid4()), "reporting", input=user("hi"), if_not_exists="create")
+    quiet = await rt.runs.create(str(uuid.uuid4()), "quiet", input=user("hi"), if_not_exists="create")
+    for run in (reported, quiet):
+        await rt.runs.join(run["thread_id"], run["run_id"])
+    assert seen == {reported["run_id"]: "", quiet["run_id"]: "before_agent"}  # the last step's, or the input's
+
+
+async def test_a_run_failing_after_its_last_step_records_the_step_with_its_error_once_the_database_takes_it(
+        make_runtime):
+    """A run that fails after its last step (an ``on_end`` that stores nothing itself raising) records that step with
+    its error; a database that refuses the end first gets both, later, together."""
+
+    class Failing(Middleware):
+        on_end_stores_last_step = True
+
+        async def on_end(self, state, ctx, result):
+            raise RuntimeError("the report could not be sent")
+
+    rt = await make_runtime({"agent": echo_agent(middleware=[Failing()])})
+    storage = rt.storage
+    finish_run, refused = storage.finish_run, []
+
+    async def refused_once(end):
+        if not refused:
+            refused.append(end)
+            raise StorageUnavailableError("the disk is full")
+        return await finish_run(end)
+
+    storage.finish_run = refused_once
+    tid = str(uuid.uuid4())
+    run = await rt.runs.create(tid, "agent", input=user("hi"), if_not_exists="create")
+    await eventually(lambda: run_status_is(rt, tid, run["run_id"], "error"))
+    [end] = refused
+    assert (end.status, end.checkpoint.row.next) == ("error", "")
+    state = await rt.threads.get_state(tid)
+    assert contents(state["values"]) == ["hi", "echo: hi"]
+    assert [h["metadata"]["step"] for h in reversed(await rt.threads.get_history(tid))] == [-1, 0]
+
+
+async def test_a_runs_last_step_whose_parent_was_deleted_meanwhile_is_stored_whole_with_its_end(make_runtime):
+    """A run's last step follows a checkpoint of the run before it (the run made none of its own first), and that
+    run is deleted while the step waits for the end: the step goes in holding the whole state, then the end."""
+    rt = await make_runtime({"agent": echo_agent()})
+    storage = rt.storage
+    tid = str(uuid.uuid4())
+    first = await rt.runs.wait(tid, "agent", input=user("hi"), if_not_exists="create")
+    [done] = await rt.runs.list(tid)
+    ending, finish_run = asyncio.Event(), storage.finish_run
+
+    async def held_back(end):
+        await ending.wait()
+        return await finish_run(end)
+
+    storage.finish_run = held_back
+    again = await rt.runs.create(tid, "agent", command={"goto": "model"})  # no checkpoint before its step
+    await eventually(lambda: run_status_is(rt, tid, again["run_id"], "running"))
+    await asyncio.sleep(0.05)
+    await rt.runs.delete(tid, done["run_id"])
+    ending.set()
+    values = await asyncio.wait_for(rt.runs.join(tid, again["run_id"]), 5)
+    assert contents(values) == [*contents(first), "echo: hi"]
+    assert (await rt.runs.get(tid, again["run_id"]))["status"] == "success"
+    [stored] = await rt.threads.get_history(tid)
+    assert stored["values"] == values and stored["next"] == []

@@ -14,7 +14,9 @@ from backchannel.errors import LostRunError, NotFoundError
 from backchannel.messages import HumanMessage, message_to_dict
 from backchannel.runtime.backends import open_storage
 from backchannel.runtime.rows import (
+    CheckpointBase,
     CheckpointRow,
+    CheckpointWrite,
     CronRow,
     RunClaim,
     RunEnd,
@@ -23,6 +25,7 @@ from backchannel.runtime.rows import (
     ThreadTTL,
     delta_text,
 )
+from backchannel.runtime.storage import ParentGoneError
 
 
 @pytest.fixture
@@ -317,6 +320,39 @@ async def test_a_claim_fences_every_write_of_its_run(storage):
     assert await storage.inbox("t") == []
     with pytest.raises(LostRunError):  # ended: its claim holds no more
         await storage.put_checkpoint(_checkpoint("t", 3, "c2", run_id=lost.run_id), _claim(held))
+
+
+async def test_a_runs_end_writes_its_last_step_with_it_or_nothing(storage):
+    """A run's last step goes in with its end, in one transaction: both or neither, under the run's claim, and only
+    while the step's parent is there."""
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now, status="busy"))
+    await storage.create_run(_run("t"))
+    [run] = await storage.claim_runs("w1", 1, now_iso())
+    await storage.put_checkpoint(_checkpoint("t", 1, None, run_id=run.run_id), _claim(run))
+    last = CheckpointWrite(_checkpoint("t", 2, "c1", run_id=run.run_id), parent_seq=1,
+                           base=CheckpointBase("t", "c2", 2, None, '{"type":"human","content":"hi"}', "{}"))
+    end = RunEnd(run.run_id, "t", "success", "idle", now_iso(), claim=run.claim, checkpoint=last)
+
+    def unchanged():
+        return asyncio.gather(storage.get_run(run.run_id), storage.get_thread("t"), storage.list_checkpoints("t"))
+
+    before = await unchanged()
+    with pytest.raises(LostRunError):  # another claim's end: not this one's step either
+        await storage.finish_run(replace(end, claim="another claim"))
+    # its parent's run deleted meanwhile (a delete of a run whose checkpoint the step follows)
+    orphan = CheckpointWrite(_checkpoint("t", 2, "gone", run_id=run.run_id), parent_seq=1)
+    with pytest.raises(ParentGoneError):
+        await storage.finish_run(replace(end, checkpoint=orphan))
+    assert await unchanged() == before
+    assert (before[0].status, before[1].status) == ("running", "busy")
+
+    assert not await storage.finish_run(end)
+    assert (await storage.get_run(run.run_id)).status == "success"
+    assert (await storage.get_thread("t")).status == "idle"
+    assert (await storage.head_checkpoint("t")).checkpoint_id == "c2"
+    bases = await storage.checkpoint_bases("t", 2)
+    assert bases == [] or [b.checkpoint_id for b in bases] == ["c2"]  # a backend may keep none (memory)
 
 
 async def test_claims_count_attempts_and_a_release_gives_its_attempt_back(storage):

@@ -51,7 +51,7 @@ from backchannel.messages import (
     new_id,
 )
 from backchannel.runtime._readonly import read_only
-from backchannel.runtime.rows import CheckpointBase, CheckpointRow, Delta, RunClaim, delta_text
+from backchannel.runtime.rows import CheckpointBase, CheckpointRow, CheckpointWrite, Delta, RunClaim, delta_text
 from backchannel.runtime.storage import CheckpointStorage
 from backchannel.serde import dumps, loads, to_jsonable
 from backchannel.state import MessageList, Reducer, apply_update, snapshot
@@ -296,6 +296,17 @@ class Checkpointer:
 
         A run writes under its ``claim``: :class:`~backchannel.errors.LostRunError` if it no longer holds.
         """
+        write = await self.prepare(thread_id, state, update, next_stage=next_stage, source=source, run_id=run_id,
+                                   step=step, reducers=reducers, apply=apply)
+        await self.put(state, write, claim)
+        return write.row
+
+    async def prepare(self, thread_id: str, state: ThreadState, update: Mapping[str, Any], *, next_stage: str,
+                      source: str, run_id: str | None, step: int, reducers: Mapping[str, Reducer],
+                      apply: bool = True) -> CheckpointWrite:
+        """The checkpoint recording ``update`` after ``state.head``, made ``state``'s head (``apply`` merges the
+        update into it), for :meth:`put` or a run's end to write. Until it is written the state is not the thread's
+        as storage has it: reads compare the cached state's head with storage's, so none takes it for stored."""
         # The messages before the step: counted now, or when the state was at its head (the caller merged it).
         before = (len(state.values.get("messages") or ()) if apply else
                   0 if state.head is None else state.counts.get(state.head.checkpoint_id))
@@ -312,14 +323,18 @@ class Checkpointer:
                                       run_id=run_id, step=step)
         appends = _appends(update, before, state.values)
         base = None if row.whole else self._base_if_due(state, row, appends, fork, written)
-        if not await self.storage.put_checkpoint(row, claim, base=base,
-                                                 parent_seq=None if row.whole or parent is None else parent.seq):
-            # Its parent is gone (its run was deleted meanwhile): the state is recorded whole.
-            row.delta, row.whole, base = _whole_delta(state), True, None
-            await self.storage.put_checkpoint(row, claim)
         _advance(state, row, base, update, written)
         self._remember(thread_id, state)
-        return row
+        return CheckpointWrite(row, None if row.whole or parent is None else parent.seq, base)
+
+    async def put(self, state: ThreadState, write: CheckpointWrite, claim: RunClaim | None = None) -> None:
+        """Write a checkpoint :meth:`prepare` made ``state``'s head (under the run's ``claim``)."""
+        row = write.row
+        if not await self.storage.put_checkpoint(row, claim, base=write.base, parent_seq=write.parent_seq):
+            # Its parent is gone (its run was deleted meanwhile): the state is recorded whole.
+            row.delta, row.whole = _whole_delta(state), True
+            _advance(state, row, None, {}, None)
+            await self.storage.put_checkpoint(row, claim)
 
     def first(self, thread_id: str, update: Mapping[str, Any], *, next_stage: str, source: str, run_id: str,
               step: int, reducers: Mapping[str, Reducer]) -> ThreadState | None:
@@ -643,10 +658,16 @@ def _json_messages(value: Any) -> list[dict[str, Any]]:
 
 
 class Recorder:
-    """The :class:`~backchannel.context.StepRecorder` of one run: every agent step becomes a checkpoint."""
+    """The :class:`~backchannel.context.StepRecorder` of one run: every agent step becomes a checkpoint.
+
+    The run's last step (nothing left to run after it) is held, not written: the run's end writes it, in its
+    transaction (:attr:`held`), and then :meth:`written` shows its checkpoint to the run's stream. Until then
+    nothing says it is stored; a process that dies first leaves the run to run that step again, as a step whose
+    write was lost.
+    """
 
     __slots__ = ("checkpointer", "claim", "node_at", "bus", "thread_id", "state", "run_id", "reducers", "step_count",
-                 "_pending")
+                 "held", "_pending", "_unshown")
 
     def __init__(self, checkpointer: Checkpointer, thread_id: str, state: ThreadState, run_id: str,
                  reducers: Mapping[str, Reducer], step: int, bus: EventBus | None = None, *,
@@ -661,24 +682,55 @@ class Recorder:
         self.run_id = run_id
         self.reducers = reducers
         self.step_count = step
+        self.held: CheckpointWrite | None = None  # the run's last step, for its end to write
         self._pending = pending  # tool results of a parallel batch are stored and not yet checkpointed
+        self._unshown: Event | None = None  # the held step's checkpoint event, shown once it is written
 
     async def step(self, node: str, update: Mapping[str, Any], next_stage: str) -> None:
         # The agent has already merged the update into the (shared) state.
         self.step_count += 1
         parent = self.state.head
-        row = await self.checkpointer.write(self.thread_id, self.state, update, next_stage=next_stage,
-                                            source="loop", run_id=self.run_id, step=self.step_count,
-                                            reducers=self.reducers, apply=False, claim=self.claim)
+        write = await self.checkpointer.prepare(self.thread_id, self.state, update, next_stage=next_stage,
+                                                source="loop", run_id=self.run_id, step=self.step_count,
+                                                reducers=self.reducers, apply=False)
+        event = self._event(write.row, parent)
+        if not next_stage:  # the run's last step
+            self.held, self._unshown = write, event
+            return
+        await self.checkpointer.put(self.state, write, self.claim)
         if self._pending:
             # Safe after the checkpoint: a resumed run only looks up results of unanswered calls.
             await self.checkpointer.storage.clear_pending_writes(self.thread_id, self.claim)
             self._pending = False
-        if self.bus is not None and self.bus.wants_values and self.bus.listeners:
-            payload = _checkpoint_payload(row, parent, self.state.values)
-            if self.node_at is not None and row.next:
-                payload["next"] = [self.node_at(row.next)]
-            self.bus.publish(Event("checkpoint", payload, (), "", self.thread_id, self.run_id))
+        self._show(event)
+
+    async def flush(self) -> None:
+        if self.held is not None:
+            await self.checkpointer.put(self.state, self.held, self.claim)
+            self.written()
+
+    def written(self) -> None:
+        """The held step was written (with the run's end, or by :meth:`flush`): its checkpoint is shown."""
+        self.held = None
+        self._show(self._unshown)
+        self._unshown = None
+
+    def hide(self) -> None:
+        """The held step is to be written after the run's stream has ended: its checkpoint is not shown."""
+        self._unshown = None
+
+    def _show(self, event: Event | None) -> None:
+        if event is not None and self.bus is not None:
+            self.bus.publish(event)
+
+    def _event(self, row: CheckpointRow, parent: CheckpointRow | None) -> Event | None:
+        """The ``checkpoint`` event of a step (``None``: nobody streams them)."""
+        if self.bus is None or not self.bus.wants_values or not self.bus.listeners:
+            return None
+        payload = _checkpoint_payload(row, parent, self.state.values)
+        if self.node_at is not None and row.next:
+            payload["next"] = [self.node_at(row.next)]
+        return Event("checkpoint", payload, (), "", self.thread_id, self.run_id)
 
     async def pending(self, tool_call_id: str, update: Mapping[str, Any]) -> None:
         self._pending = True

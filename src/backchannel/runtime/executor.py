@@ -4,7 +4,7 @@ A run loads its thread's newest state (or the checkpoint it asks for), applies
 its input or command as a checkpoint, and runs its agent with a recorder that
 checkpoints every step. It ends ``success`` (also when it paused for a human:
 then its thread is ``interrupted``), ``error``, ``timeout``, or ``interrupted``
-when cancelled; that end is recorded in one write. A run stopped because the
+when cancelled; that end is recorded in one write, with the run's last step. A run stopped because the
 runtime closes records nothing, and is resumed from its last checkpoint by the
 next runtime to open the database. When the database refuses the end (a full
 disk), the run's waiters still learn it from its stream, and the end is
@@ -37,7 +37,7 @@ from backchannel.runtime.registry import Registry
 from backchannel.runtime.rows import CancelAction, RunClaim, RunEnd, RunRow, RunStatus
 from backchannel.runtime.run_options import iteration_limit
 from backchannel.runtime.scheduler import Scheduler
-from backchannel.runtime.storage import Storage
+from backchannel.runtime.storage import ParentGoneError, Storage
 from backchannel.runtime.streams import RunStream, Streams
 from backchannel.runtime.webhooks import post_webhook
 from backchannel.runtime.wire import input_update, render_error, render_run, resume_map
@@ -87,6 +87,7 @@ class Executor:
         stored: RunStatus | None = "error"  # the run's status as stored (None: rolled back, gone)
         agent = self.registry.agent_of_run(row)
         trace = Trace()  # what the run does, kept with its end
+        recorder: Recorder | None = None  # its steps' (its last one is written with its end)
         try:
             try:
                 if agent is None:
@@ -95,13 +96,13 @@ class Executor:
                     raise RunAttemptsError(row.attempts - 1)
                 # The agent's run is awaited here, not in a helper: each frame under a run stays suspended as
                 # long as it (a thousand background subagents hold a thousand of each).
-                state, ctx, stage = await self._ready(row, agent, stream, trace, blank)
+                state, ctx, recorder, stage = await self._ready(row, agent, stream, trace, blank)
                 if ctx is None:  # nothing to run (a run resumed after its last step still ends: on_end)
                     result = RunResult("success", state.values)
                 else:
                     with continued_from(row.kwargs.get("config")):  # the trace of whatever queued the run
                         result = await agent.run(state.values, ctx, stage=stage)
-                status, values, has_mail = await self._finish(row, agent, state, result, trace)
+                status, values, has_mail = await self._finish(row, agent, state, result, trace, recorder)
                 stored = "success"  # also when it paused for a human (see _finish)
                 stream.interrupts = [i.to_dict() for i in result.interrupts]
             except asyncio.CancelledError:
@@ -110,18 +111,18 @@ class Executor:
                     stream.finish("interrupted")
                     await self._hand_back(row)
                     raise
-                status = await self._cancelled(row, action, trace)
+                status = await self._cancelled(row, action, trace, recorder)
                 stored = None if action == "rollback" else "interrupted"
             except TimeoutError:
                 status, error = "timeout", {"type": "TimeoutError", "message": "the run exceeded its timeout"}
                 stored = status
-                await self._fail(row, status, error, trace)
+                await self._fail(row, status, error, trace, recorder)
             except Exception as exc:
                 if stops_run(exc):
                     raise
                 error = describe_error(exc)
                 stream.exception = exc
-                await self._fail(row, "error", error, trace)
+                await self._fail(row, "error", error, trace, recorder)
         except Exception as exc:
             if not stops_run(exc):
                 raise
@@ -165,9 +166,10 @@ class Executor:
             payload["error"] = render_error(error)
         self._spawn(post_webhook(row.kwargs["webhook"], payload))
 
-    async def _ready(self, row: RunRow, agent: Agent, stream: RunStream, trace: Trace,
-                     blank: ThreadState | None) -> tuple[ThreadState, RunContext | None, str]:
-        """The run's state, its context and the stage it starts at (no context: it has nothing to run)."""
+    async def _ready(self, row: RunRow, agent: Agent, stream: RunStream, trace: Trace, blank: ThreadState | None
+                     ) -> tuple[ThreadState, RunContext | None, Recorder | None, str]:
+        """The run's state, its context with its recorder, and the stage it starts at (no context: it has nothing
+        to run)."""
         kwargs = row.kwargs
         reducers = agent.state_reducers()
         claim = _claim_of(row)
@@ -192,21 +194,21 @@ class Executor:
         if kwargs.get("wake") and not resuming and not inbox.drain():
             stage = ""  # another run took the mail that was to wake the thread
         step = state.head.metadata.get("step", 0) if state.head else 0
+        recorder = Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus,
+                            claim=claim, pending=bool(pending), node_at=agent.node_at)
         ctx = RunContext(
             agent.graph_name, row.run_id, thread_id=row.thread_id, bus=stream.bus,
             context=kwargs.get("context"), store=self.host.store, metadata=row.metadata,
-            recorder=Recorder(self.checkpoints, row.thread_id, state, row.run_id, reducers, step, stream.bus,
-                              claim=claim,
-                              pending=bool(pending), node_at=agent.node_at),
+            recorder=recorder,
             inbox=inbox, resume=resume, pending_tools=pending, runtime=self.host,
             max_iterations=iteration_limit(kwargs.get("config")), trace=trace,
             breakpoints=_breakpoints(kwargs, resumed=resuming or (stage == state.next_stage
                                                                   and not kwargs.get("input"))))
         if not stage and not resuming:
-            return state, None, stage
+            return state, None, None, stage
         if kwargs.get("timeout"):
             ctx.deadline = asyncio.get_running_loop().time() + kwargs["timeout"]
-        return state, ctx, stage
+        return state, ctx, recorder, stage
 
     async def _load_state(self, row: RunRow, reducers: Mapping[str, Reducer]) -> ThreadState:
         checkpoint_id = row.kwargs.get("checkpoint_id")
@@ -274,8 +276,8 @@ class Executor:
         if stream.bus.wants_values:
             stream.publish("values", snapshot(state.values), agent=agent.graph_name, thread_id=row.thread_id)
 
-    async def _finish(self, row: RunRow, agent: Agent, state: ThreadState, result: RunResult,
-                      trace: Trace) -> tuple[RunStatus, dict[str, Any], bool]:
+    async def _finish(self, row: RunRow, agent: Agent, state: ThreadState, result: RunResult, trace: Trace,
+                      recorder: Recorder | None) -> tuple[RunStatus, dict[str, Any], bool]:
         """Record the end of a run that succeeded or paused; returns its status as streams show it, its final
         values and whether mail waits for the thread."""
         if not state.newest:  # the run wrote nothing after the checkpoint it started from
@@ -292,11 +294,24 @@ class Executor:
             state.head.next = stage
         # As in LangGraph, a run that paused for a human succeeded: the thread is what waits
         # ("interrupted"). A run's own "interrupted" status means it was cancelled.
-        has_mail = await self.storage.finish_run(RunEnd(
+        has_mail = await self._finish_run(RunEnd(
             row.run_id, row.thread_id, "success", "interrupted" if status == "interrupted" else "idle", now_iso(),
             interrupts=interrupts, checkpoint_next=checkpoint_next, usage=_usage(trace), spans=_spans(trace),
-            claim=row.claim))
+            claim=row.claim), recorder)
         return status, snapshot(result.state), has_mail
+
+    async def _finish_run(self, end: RunEnd, recorder: Recorder | None) -> bool:
+        """Record a run's end, with its last step if the recorder holds it (one transaction); returns whether mail
+        waits for its thread."""
+        if recorder is None or recorder.held is None:
+            return await self.storage.finish_run(end)
+        try:
+            has_mail = await self.storage.finish_run(replace(end, checkpoint=recorder.held))
+        except ParentGoneError:  # its parent's run was deleted meanwhile: the step goes in whole, then the end
+            await recorder.flush()
+            return await self.storage.finish_run(end)
+        recorder.written()
+        return has_mail
 
     async def _drop_temporary(self, row: RunRow, stream: RunStream) -> None:
         """A stateless run's thread goes when the run ends; joiners get the result kept on its stream."""
@@ -305,28 +320,32 @@ class Executor:
         else:
             await self.queue.drop_thread(row.thread_id)
 
-    async def _fail(self, row: RunRow, status: RunStatus, error: dict[str, Any], trace: Trace) -> None:
+    async def _fail(self, row: RunRow, status: RunStatus, error: dict[str, Any], trace: Trace,
+                    recorder: Recorder | None) -> None:
         self.checkpoints.forget(row.thread_id)
         # A thread's error has LangGraph's shape: {"error": <type>, "message": ...}.
         await self._record_end(RunEnd(row.run_id, row.thread_id, status, "error", now_iso(), error=error,
                                       thread_error=render_error(error), usage=_usage(trace), spans=_spans(trace),
-                                      claim=row.claim))
+                                      claim=row.claim), recorder)
 
-    async def _record_end(self, end: RunEnd) -> bool:
-        """Record how a run ended; returns whether mail waits for its thread. If the database refuses it, the
-        end is recorded later, once the database takes writes again (the thread stays busy until then)."""
+    async def _record_end(self, end: RunEnd, recorder: Recorder | None) -> bool:
+        """Record how a run ended (with the last step its recorder holds); returns whether mail waits for its
+        thread. If the database refuses it, the end is recorded later, once the database takes writes again (the
+        thread stays busy until then)."""
         try:
-            return await self.storage.finish_run(end)
+            return await self._finish_run(end, recorder)
         except StorageUnavailableError:
-            self._spawn(self._record_end_later(end))
+            if recorder is not None:
+                recorder.hide()  # the run's stream ends now
+            self._spawn(self._record_end_later(end, recorder))
             return False
 
-    async def _record_end_later(self, end: RunEnd) -> None:
+    async def _record_end_later(self, end: RunEnd, recorder: Recorder | None) -> None:
         delay = _RETRY_FIRST
         while True:
             await asyncio.sleep(delay)
             try:
-                await self.storage.finish_run(end)
+                await self._finish_run(end, recorder)
             except StorageUnavailableError:
                 delay = min(delay * 2, _RETRY_LAST)
             except LostRunError:  # taken over meanwhile: its new owner records how it ends
@@ -342,7 +361,8 @@ class Executor:
             with contextlib.suppress(StorageUnavailableError, LostRunError):  # then it is taken over as it is
                 await self.storage.release_run(claim, now_iso())
 
-    async def _cancelled(self, row: RunRow, action: CancelAction, trace: Trace) -> RunStatus:
+    async def _cancelled(self, row: RunRow, action: CancelAction, trace: Trace,
+                         recorder: Recorder | None) -> RunStatus:
         self.checkpoints.forget(row.thread_id)
         thread = await self.storage.get_thread(row.thread_id)
         error = None
@@ -357,7 +377,8 @@ class Executor:
         waiting = thread is not None and bool(thread.interrupts)
         await self._record_end(RunEnd(row.run_id, row.thread_id, "interrupted",
                                       "interrupted" if waiting else "idle", now_iso(), thread_error=error,
-                                      usage=_usage(trace), spans=_spans(trace), claim=row.claim))
+                                      usage=_usage(trace), spans=_spans(trace), claim=row.claim),
+                               None if action == "rollback" else recorder)  # (a rolled back run's steps are gone)
         if action == "rollback":
             with contextlib.suppress(StorageUnavailableError):
                 await self.storage.delete_run(row.run_id)

@@ -42,7 +42,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import Notice, Storage, pick_claims
+from backchannel.runtime.storage import Notice, ParentGoneError, Storage, pick_claims
 
 __all__ = ["MemoryStorage"]
 
@@ -292,6 +292,9 @@ class MemoryStorage(Storage):
     async def finish_run(self, end: RunEnd) -> bool:
         if end.claim is not None:
             self._held(RunClaim(end.run_id, end.claim))
+        last = end.checkpoint
+        if last is not None and not await self.put_checkpoint(last.row, parent_seq=last.parent_seq):
+            raise ParentGoneError(f"checkpoint {last.row.checkpoint_id} has no parent any more")
         run = self._runs.get(end.run_id)
         if run is not None:
             run = self._changing(run)

@@ -67,6 +67,7 @@ from backchannel.runtime.rows import (
     CancelAction,
     CheckpointBase,
     CheckpointRow,
+    CheckpointWrite,
     CronRow,
     ItemRow,
     PruneStrategy,
@@ -81,7 +82,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import MISSED, Coordinator, Notice, Storage, StoredRun
+from backchannel.runtime.storage import MISSED, Coordinator, Notice, ParentGoneError, Storage, StoredRun
 from backchannel.serde import dumps
 
 __all__ = ["PostgresCoordinator", "PostgresStorage", "scratch_schema"]
@@ -272,6 +273,7 @@ _CLAIMED = tuple((_RUN_COLUMNS.split(", ").index(column), column) for column in 
 # A run's write under a claim (see the fencing rule): the claim's run row, locked against a take-over until
 # the write commits; a take-over that committed first makes it empty.
 _HELD = "SELECT 1 FROM runs WHERE run_id = %s AND claim = %s AND status = 'running' FOR SHARE"
+_HOLDS = "SELECT 1 FROM runs WHERE run_id = %(run)s AND claim = %(claim)s AND status = 'running'"  # _HELD, by name
 _CHECKPOINT_COLUMNS = "thread_id, seq, checkpoint_id, parent_id, run_id, delta, next, metadata, created_at, whole"
 # The checkpoints of other runs (or of none) whose parent a run wrote.
 _CHILDREN_OF_RUN = ("thread_id = %(thread)s AND run_id IS DISTINCT FROM %(run)s AND NOT whole AND parent_id IN "
@@ -793,11 +795,17 @@ class PostgresStorage(Storage):
         # before it waited for the lock): mail stored before the lock was taken is seen there, and whoever stores
         # mail after it was released sees the run ended (and wakes the thread).
         checkpoint_id, stage = end.checkpoint_next or (None, None)
-        # Under a claim, every part is conditional on the claim holding (the run's row locked meanwhile).
-        held, holds = ("held AS (SELECT 1 FROM runs WHERE run_id = %(run)s AND claim = %(claim)s AND status = "
-                       "'running' FOR UPDATE), ", " AND EXISTS (SELECT 1 FROM held)") if end.claim else ("", "")
+        # Under a claim, every part is conditional on the claim holding (the run's row locked meanwhile), and
+        # with the run's last step, on its checkpoint going in (its parent there).
+        held, holds = ((f"held AS ({_HOLDS} FOR UPDATE), ", " AND EXISTS (SELECT 1 FROM held)") if end.claim
+                       else ("", ""))
+        last, written = "", ""
+        params: dict[str, Any] = {}
+        if end.checkpoint is not None:
+            ctes, params = _checkpoint_ctes(end.checkpoint, "held" if end.claim else "")
+            last, holds, written = f"{ctes}, ", f"{holds} AND EXISTS (SELECT 1 FROM i)", ", (SELECT count(*) FROM i)"
         found = await self._write_one(
-            f"WITH {held}r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s, "
+            f"WITH {held}{last}r AS (UPDATE runs SET status = %(status)s, error = %(error)s, updated_at = %(at)s, "
             f"  usage = %(usage)s WHERE run_id = %(run)s{holds}), "
             "s AS (INSERT INTO run_spans SELECT %(run)s, %(thread)s, %(spans)s::text WHERE %(spans)s::text IS NOT NULL "
             f"  {holds} ON CONFLICT (run_id) DO UPDATE SET spans = excluded.spans), "
@@ -808,8 +816,8 @@ class PostgresStorage(Storage):
             "c AS (UPDATE checkpoints SET next = %(stage)s WHERE thread_id = %(thread)s "
             f"  AND checkpoint_id = %(checkpoint)s{holds}) "
             f"SELECT {'(SELECT count(*) FROM held)' if end.claim else '1'}, "
-            "(SELECT bool_or(undelivered_mail(thread_id)) FROM t)",
-            {"status": end.status, "error": dump(end.error) if end.error else None, "at": end.updated_at,
+            f"(SELECT bool_or(undelivered_mail(thread_id)) FROM t){written}",
+            {**params, "status": end.status, "error": dump(end.error) if end.error else None, "at": end.updated_at,
              "run": end.run_id, "thread": end.thread_id, "thread_status": end.thread_status,
              "thread_error": dump(end.thread_error) if end.thread_error else None,
              "interrupts": None if end.interrupts is None else dump(end.interrupts),
@@ -817,19 +825,25 @@ class PostgresStorage(Storage):
              "spans": None if end.spans is None else dump(end.spans), "claim": end.claim})
         if not (found and found[0]):
             raise LostRunError(f"run {end.run_id} is no longer this process's to run: its end was not recorded")
+        if end.checkpoint is not None and not found[2]:
+            raise ParentGoneError(f"checkpoint {end.checkpoint.row.checkpoint_id} has no parent any more")
         return bool(found[1])
 
     async def run_spans(self, thread_id: str) -> dict[str, list[dict[str, Any]]]:
         rows = await self._all("SELECT run_id, spans FROM run_spans WHERE thread_id = %s", (thread_id,))
         return {run_id: json.loads(spans) for run_id, spans in rows}
 
-    async def _fenced(self, claim: RunClaim | None, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-        """Run a statement of a run's; under a claim, ``sql`` names ``held`` (see :data:`_HELD`), whose two
-        parameters come first, and returns a row whose first column is its count of rows (the row is returned)."""
+    async def _fenced(self, claim: RunClaim | None, sql: str,
+                      params: Sequence[Any] | Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """Run a statement of a run's; under a claim, ``sql`` names ``held`` (see :data:`_HELD`, whose two
+        parameters come first; :data:`_HOLDS` with parameters by name), and returns a row whose first column is its
+        count of rows (the row is returned)."""
         if claim is None:
             await self._write(sql, params)
             return None
-        found = await self._write_one(sql, (*claim, *params))
+        fenced = ({**params, "run": claim.run_id, "claim": claim.token} if isinstance(params, Mapping)
+                  else (*claim, *params))
+        found = await self._write_one(sql, fenced)
         if not (found and found[0]):
             raise LostRunError(f"run {claim.run_id} is no longer this process's to run")
         return found
@@ -905,25 +919,12 @@ class PostgresStorage(Storage):
 
     async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
                              parent_seq: int | None = None, base: CheckpointBase | None = None) -> bool:
-        values = checkpoint_values(row)
-        insert = f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {', '.join(['%s'] * len(values))}"
-        # The parent's row is locked until this commits, so a deletion of its run waits and then sees this one.
-        parent = ("TRUE" if parent_seq is None else
-                  "EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_id = %s FOR KEY SHARE)")
-        params = (*values, *(() if parent_seq is None else (row.thread_id, row.parent_id)))
-        based = ""
-        if base is not None:  # written only with the checkpoint, in its statement
-            based = f", b AS (INSERT INTO checkpoint_bases ({BASE_COLUMNS}) SELECT %s, %s, %s, %s, %s, %s FROM i)"
-            params = (*params, *base_values(base))
-        if claim is None and base is None:
-            return bool(await self._write(f"{insert} WHERE {parent}", params))
+        ctes, params = _checkpoint_ctes(CheckpointWrite(row, parent_seq, base), "held" if claim else "")
         if claim is None:
-            found = await self._write_one(f"WITH i AS ({insert} WHERE {parent} RETURNING 1){based} "
-                                          "SELECT count(*) FROM i", params)
-            return bool(found and found[0])
-        found = await self._fenced(
-            claim, f"WITH held AS ({_HELD}), i AS ({insert} FROM held WHERE {parent} RETURNING 1){based} "
-            "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM i)", params)
+            found = await self._write_one(f"WITH {ctes} SELECT 1, count(*) FROM i", params)
+        else:
+            found = await self._fenced(claim, f"WITH held AS ({_HOLDS} FOR SHARE), {ctes} "
+                                       "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM i)", params)
         return bool(found and found[1])
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
@@ -1651,3 +1652,22 @@ def _describe(url: str) -> str:
     except Exception:
         return "(Postgres)"
     return f"postgresql://{params.get('user', '')}@{params.get('host', '')}/{params.get('dbname', '')}"
+
+
+def _checkpoint_ctes(write: CheckpointWrite, source: str) -> tuple[str, dict[str, Any]]:
+    """A checkpoint's insert as the CTE ``i`` (a row if it went in), selecting from the CTE ``source`` if one is
+    named (nothing inserted when it is empty), only while its parent is there if the write checks it; and its
+    base's insert as ``b``; with their parameters by name. The parent's row is locked until this commits, so a
+    deletion of its run waits and then sees this one."""
+    values = checkpoint_values(write.row)  # thread_id, seq, checkpoint_id, parent_id, ...
+    params = {f"c{i}": value for i, value in enumerate(values)}
+    parent = ("TRUE" if write.parent_seq is None else
+              "EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %(c0)s AND checkpoint_id = %(c3)s FOR KEY SHARE)")
+    ctes = (f"i AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {', '.join(f'%({k})s' for k in params)}"
+            f"{' FROM ' + source if source else ''} WHERE {parent} RETURNING 1)")
+    if write.base is not None:  # written only with the checkpoint, in its statement
+        based = {f"b{i}": value for i, value in enumerate(base_values(write.base))}
+        ctes += (f", b AS (INSERT INTO checkpoint_bases ({BASE_COLUMNS}) SELECT "
+                 f"{', '.join(f'%({k})s' for k in based)} FROM i)")
+        params.update(based)
+    return ctes, params

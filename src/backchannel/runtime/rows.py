@@ -15,9 +15,9 @@ from typing import Any, Literal, NamedTuple, get_args
 from backchannel.serde import dumps, loads
 
 __all__ = ["ACTIVE", "ASSISTANT_SORT", "CRON_SORT", "TERMINAL", "AssistantChange", "AssistantRow", "CancelAction",
-           "CheckpointBase", "CheckpointRow", "CronRow", "Delta", "ItemRow", "PruneStrategy", "RunClaim", "RunEnd",
-           "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL", "assistant_sort_key", "cron_order",
-           "delta_text", "epoch_of", "thread_order"]
+           "CheckpointBase", "CheckpointRow", "CheckpointWrite", "CronRow", "Delta", "ItemRow", "PruneStrategy",
+           "RunClaim", "RunEnd", "RunRow", "RunStatus", "ThreadRow", "ThreadStatus", "ThreadTTL", "assistant_sort_key",
+           "cron_order", "delta_text", "epoch_of", "thread_order"]
 
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 # A run's own "interrupted" means it was cancelled; a run that paused for a human succeeded (its thread waits).
@@ -182,6 +182,16 @@ class CheckpointBase:
 
 
 @dataclass(slots=True)
+class CheckpointWrite:
+    """A checkpoint as :meth:`~backchannel.runtime.storage.CheckpointStorage.put_checkpoint` writes it: the row, the
+    seq of its parent as the writer read it (``None``: not checked) and the base written with it, if any."""
+
+    row: CheckpointRow
+    parent_seq: int | None = None
+    base: CheckpointBase | None = None
+
+
+@dataclass(slots=True)
 class RunEnd:
     """How a run ended: what :meth:`~backchannel.runtime.storage.RunStorage.finish_run` records in one write."""
 
@@ -194,6 +204,7 @@ class RunEnd:
     thread_error: dict[str, Any] | None = None  # the thread's error, in LangGraph's shape
     interrupts: list[dict[str, Any]] | None = None  # the thread's pending interrupts (None: unchanged)
     checkpoint_next: tuple[str, str] | None = None  # (checkpoint_id, stage): where the thread continues
+    checkpoint: CheckpointWrite | None = None  # the run's last step, written with its end (in its transaction)
     usage: dict[str, Any] | None = None  # the tokens the run used (backchannel.usage)
     spans: list[dict[str, Any]] | None = None  # what it did (backchannel.tracing.Trace.span_dicts)
     claim: str | None = None  # the token of the claim the run ran under: recorded only while it holds

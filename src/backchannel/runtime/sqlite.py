@@ -69,6 +69,7 @@ from backchannel.runtime.rows import (
     CancelAction,
     CheckpointBase,
     CheckpointRow,
+    CheckpointWrite,
     CronRow,
     ItemRow,
     PruneStrategy,
@@ -83,7 +84,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import Notice, Storage, StoredRun, pick_claims
+from backchannel.runtime.storage import Notice, ParentGoneError, Storage, StoredRun, pick_claims
 from backchannel.serde import dumps
 
 try:
@@ -112,6 +113,11 @@ _RUN_ON_ITS_THREAD = (f"INSERT INTO runs SELECT {','.join('?' * 18)} "
                       "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = ?)")
 # A run's claim holds (its run_id and token follow as parameters).
 _HELD = "EXISTS (SELECT 1 FROM runs WHERE run_id = ? AND claim = ? AND status = 'running')"
+# A checkpoint's insert, while its writer's claim holds ({held}), and while its parent is there (the variant with
+# its thread_id, seq and checkpoint_id as parameters after the row's values).
+_PUT_CHECKPOINT = "INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE {held}"
+_PUT_CHILD_CHECKPOINT = ("INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM checkpoints "
+                         "WHERE thread_id = ? AND seq = ? AND checkpoint_id = ?) AND {held}")
 _CHAIN_SLICE = 500  # checkpoint rows read per query: a long chain's read yields to other requests between
 _CRONS = CronSQL("?", metadata_equals=lambda key, value: ("json_extract(metadata, ?) IS json_extract(?, '$')",
                                                          [f'$."{key}"', dump(value)]),
@@ -901,6 +907,12 @@ class SQLiteStorage(Storage):
                                 dump(end.usage) if end.usage else None, end.run_id, end.claim, end.claim))
             if ended.rowcount == 0 and end.claim is not None:
                 raise LostRunError(f"run {end.run_id} is no longer this process's to run")
+            if end.checkpoint is not None:  # its last step: under the claim just checked
+                sql, params, then = _checkpoint_statements(end.checkpoint)
+                if db.execute(sql.format(held="1"), params).rowcount == 0:
+                    raise ParentGoneError(f"checkpoint {end.checkpoint.row.checkpoint_id} has no parent any more")
+                if then is not None:
+                    db.execute(*then)
             if end.spans is not None:
                 db.execute("INSERT OR REPLACE INTO run_spans VALUES (?, ?, ?)",
                            (end.run_id, end.thread_id, dump(end.spans)))
@@ -981,16 +993,9 @@ class SQLiteStorage(Storage):
 
     async def put_checkpoint(self, row: CheckpointRow, claim: RunClaim | None = None, *,
                              parent_seq: int | None = None, base: CheckpointBase | None = None) -> bool:
-        values = checkpoint_values(row)
-        then = None if base is None else (
-            f"INSERT OR REPLACE INTO checkpoint_bases ({BASE_COLUMNS}) VALUES (?,?,?,?,?,?)", base_values(base))
-        if parent_seq is None:
-            await self._fenced(claim, "INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE {held}", values, then)
-            return True
-        return bool(await self._fenced(
-            claim, "INSERT INTO checkpoints SELECT ?,?,?,?,?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM checkpoints "
-            "WHERE thread_id = ? AND seq = ? AND checkpoint_id = ?) AND {held}",
-            (*values, row.thread_id, parent_seq, row.parent_id), then))
+        sql, params, then = _checkpoint_statements(CheckpointWrite(row, parent_seq, base))
+        changed = await self._fenced(claim, sql, params, then)
+        return parent_seq is None or bool(changed)
 
     async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointRow | None:
         found = self.db.execute("SELECT * FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
@@ -1254,3 +1259,14 @@ def _commit_and_close(db: sqlite3.Connection) -> None:
     if db.in_transaction:
         db.execute("COMMIT")
     db.close()
+
+
+def _checkpoint_statements(write: CheckpointWrite) -> tuple[str, tuple[Any, ...], tuple[str, tuple[Any, ...]] | None]:
+    """A checkpoint's insert (its claim's check left as ``{held}``; no row inserted: its parent is gone) with its
+    parameters, and its base's insert to make with it, if any."""
+    row, values = write.row, checkpoint_values(write.row)
+    then = None if write.base is None else (
+        f"INSERT OR REPLACE INTO checkpoint_bases ({BASE_COLUMNS}) VALUES (?,?,?,?,?,?)", base_values(write.base))
+    if write.parent_seq is None:
+        return _PUT_CHECKPOINT, values, then
+    return _PUT_CHILD_CHECKPOINT, (*values, row.thread_id, write.parent_seq, row.parent_id), then

@@ -38,8 +38,8 @@ from backchannel.runtime.rows import (
 )
 
 __all__ = ["MISSED", "AssistantStorage", "CheckpointStorage", "Coordinator", "CronStorage", "InboxStorage",
-           "ItemStorage", "Notice", "RunStorage", "Storage", "StoredRun", "ThreadStorage", "WorkerStorage",
-           "pick_claims"]
+           "ItemStorage", "Notice", "ParentGoneError", "RunStorage", "Storage", "StoredRun", "ThreadStorage",
+           "WorkerStorage", "pick_claims"]
 
 
 class ThreadStorage(Protocol):
@@ -101,6 +101,11 @@ class StoredRun(NamedTuple):
 
     status: RunStatus
     blank: bool
+
+
+class ParentGoneError(Exception):
+    """A run's end came with its last step's checkpoint, whose parent is gone (its run was deleted meanwhile):
+    nothing was recorded."""
 
 
 class RunStorage(Protocol):
@@ -195,8 +200,10 @@ class RunStorage(Protocol):
     async def finish_run(self, end: RunEnd) -> bool:
         """Record a run's end: its status, error and usage, and its spans if given; its thread's status (see
         the finish rule), error and interrupts; and, if given, the ``next`` stage of the checkpoint the run
-        stopped at. Returns whether the thread has undelivered inbox messages. With ``end.claim``, fenced (see
-        the fencing rule).
+        stopped at, and the checkpoint of its last step (``end.checkpoint``, as :meth:`~CheckpointStorage.
+        put_checkpoint` writes it: with its base, only while its parent is there, else :class:`ParentGoneError`
+        and nothing recorded). Returns whether the thread has undelivered inbox messages. With ``end.claim``,
+        fenced (see the fencing rule): the checkpoint too.
         """
 
     @abc.abstractmethod
