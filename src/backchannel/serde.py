@@ -16,7 +16,7 @@ import orjson
 
 from backchannel.messages import AIMessage, HumanMessage, RemoveMessage, SystemMessage, ToolMessage, message_to_dict
 
-__all__ = ["dumps", "json_text", "loads", "to_jsonable"]
+__all__ = ["dumps", "json_text", "loads", "loads_exact", "to_jsonable"]
 
 _MESSAGE_TYPES = (SystemMessage, HumanMessage, AIMessage, ToolMessage)
 
@@ -81,3 +81,18 @@ def loads(text: str) -> Any:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return json.loads(text)
+
+
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19  # every integer past 64 bits is written with 19 digits or more
+
+
+def loads_exact(text: str) -> Any:
+    """Short JSON text (a row's field) parsed by orjson, whose decoded keys are the same string objects from text to
+    text (a thousand running runs each hold their row's), or by the standard library where orjson would not read it
+    exactly: a run of 19 digits may be an integer past 64 bits, which orjson reads as a float. The digits are looked
+    for at about a third of orjson's cost on a short text, twice it on a long one (so :func:`loads` does not)."""
+    if _LONG_NUMBER in text.encode().translate(_DIGITS_AS_ZERO):
+        return json.loads(text)
+    return loads(text)
+
