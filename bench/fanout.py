@@ -21,10 +21,11 @@ What is measured (scripted models with simulated latency, so the critical path i
 The supervisor's model answers at once (no latency), so the ideal is the workers' 5 x 50 ms.
 Usage::
 
-    python bench/fanout.py [--quick] [--json] [--memory]
+    python bench/fanout.py [--quick] [--json] [--memory [--sqlite]]
 
 ``--json`` prints one JSON document on stdout (the tables go to stderr); ``--memory`` measures only the
-memory per live subagent (a few seconds).
+memory per live subagent (a few seconds), with ``--sqlite`` on a SQLite file instead of in memory (the workers'
+runs, threads and checkpoints are then rows on disk: tracemalloc sees only what the process holds of them).
 """
 
 from __future__ import annotations
@@ -313,13 +314,14 @@ class MemorySample:
     rss_bytes: float | None  # VmRSS growth without tracemalloc (rough: freed pages stay mapped)
     live: int
     by_file: dict[str, float] = field(default_factory=dict)  # tracemalloc's held bytes by where allocated
+    store: str = "memory"  # where the runs were stored: "memory" or "sqlite"
 
 
-async def held_fan_out(k: int, begin: Callable[[], Any],
-                       read: Callable[[], Any]) -> tuple[Any, int]:
-    """A k-worker fan-out (after a warm-up) holding every worker mid-flight: ``begin()`` as it
+async def held_fan_out(k: int, begin: Callable[[], Any], read: Callable[[], Any],
+                       store: str = "memory") -> tuple[Any, int]:
+    """A k-worker fan-out (after a warm-up) holding every worker mid-flight on ``store``: ``begin()`` as it
     starts, ``read()`` once all k are held; returns what ``read()`` gave and the live workers."""
-    fan = BackgroundFanOut("memory", max(k, WARMUP_K))
+    fan = BackgroundFanOut(store, max(k, WARMUP_K))
     taken: list[tuple[Any, int]] = []
     async with fan.runtime:
         await fan.run(Probe(WARMUP_K))
@@ -331,20 +333,24 @@ async def held_fan_out(k: int, begin: Callable[[], Any],
     return taken[0]
 
 
-async def measure_memory(k: int) -> MemorySample:
+async def measure_memory(k: int, kind: str = "memory") -> MemorySample:
+    """Memory per live subagent with k held, in memory or (``kind="sqlite"``) on a fresh SQLite file."""
     base = [0]
 
     def rss_begin() -> None:
         base[0] = rss_bytes() or 0
 
-    rss, live = await held_fan_out(k, rss_begin, lambda: (rss_bytes() or 0) - base[0])
+    with tempfile.TemporaryDirectory() as directory:
+        rss, live = await held_fan_out(k, rss_begin, lambda: (rss_bytes() or 0) - base[0], _store(kind, directory))
     try:  # tracing starts with the fan-out: it reports what was allocated since and is still held
-        (traced, peak, collected, sites), live = await held_fan_out(k, tracemalloc.start, traced_memory)
+        with tempfile.TemporaryDirectory() as directory:
+            (traced, peak, collected, sites), live = await held_fan_out(k, tracemalloc.start, traced_memory,
+                                                                        _store(kind, directory))
     finally:
         tracemalloc.stop()
     by_file = {name: size / live for name, size in sites.items()}
     return MemorySample(traced / live, peak / live, collected / live,
-                        rss / live if rss_bytes() is not None else None, live, by_file)
+                        rss / live if rss_bytes() is not None else None, live, by_file, kind)
 
 
 def traced_memory() -> tuple[int, int, int, dict[str, int]]:
@@ -521,7 +527,8 @@ def render_background(results: dict[str, Any], out: Any) -> None:
 
 def render_memory(results: dict[str, Any], out: Any) -> None:
     mem: MemorySample = results["memory"]
-    print(f"\nmemory per live subagent: {mem.live:,} workers held mid-flight (each in its tool "
+    where = "in memory" if mem.store == "memory" else "on SQLite"
+    print(f"\nmemory per live subagent: {mem.live:,} workers held mid-flight {where} (each in its tool "
           f"call x={HOLD_AT}, after {HOLD_AT + 1} model calls); growth over the warmed-up "
           "runtime\n", file=out)
     rows = (("tracemalloc, held at that moment", mem.traced_bytes),
@@ -585,9 +592,10 @@ def render_targets(checks: list[dict[str, Any]], out: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = arguments(__doc__, "fewer repeats")
     parser.add_argument("--memory", action="store_true", help="measure only the memory per live subagent")
+    parser.add_argument("--sqlite", action="store_true", help="with --memory: the runs on a SQLite file")
     args = parser.parse_args(argv)
     if args.memory:
-        memory = asyncio.run(measure_memory(MEMORY_K))
+        memory = asyncio.run(measure_memory(MEMORY_K, "sqlite" if args.sqlite else "memory"))
         emit_report({"memory": memory}, [render_memory], args.json)
         return 0
     settings = Settings.for_mode(args.quick)

@@ -532,3 +532,24 @@ async def test_a_long_thread_read_back_is_what_its_steps_wrote_in_plain_values_o
     rt.checkpoints.forget(tid)
     assert (await rt.threads.get_state(tid))["values"]["messages"] == expected
     assert (await rt.threads.get_history(tid, limit=1))[0]["values"]["messages"] == expected
+
+
+async def test_integers_past_64_bits_in_the_state_are_read_back_exactly(make_runtime, store_url):
+    # orjson, which reads the stored states, takes an integer past 64 bits for a float: 2**70 + 1 came back 2**70.
+    numbers = {"big": 2**70 + 1, "low": -(2**63) - 1, "max": 2**64 - 1, "digits": "12345678901234567890"}
+    message = HumanMessage("hi", additional_kwargs=numbers)
+    rt = await make_runtime({"agent": echo_agent()})
+    tid = (await rt.threads.create(metadata=numbers))["thread_id"]
+    await rt.runs.wait(tid, "agent", input={"messages": [message]}, metadata=numbers)
+    readers = [rt]
+    if store_url != "memory":  # a second runtime on the same database reads everything from storage
+        readers.append(await make_runtime({"agent": echo_agent()}, store=store_url))
+    for reader in readers:
+        state = await reader.threads.get_state(tid)
+        history = await reader.threads.get_history(tid, limit=10)
+        thread = await reader.threads.get(tid)
+        run = (await reader.runs.list(tid))[0]
+        assert state["values"]["messages"][0]["additional_kwargs"] == numbers
+        assert all(h["values"]["messages"][0]["additional_kwargs"] == numbers for h in history)
+        assert {k: thread["metadata"][k] for k in numbers} == numbers
+        assert {k: run["metadata"][k] for k in numbers} == numbers

@@ -57,6 +57,25 @@ async def test_assistants_get_and_search(make_runtime):
 # -- run shape and ids -----------------------------------------------------------------------------
 
 
+async def test_a_runs_kwargs_list_every_argument_in_langgraphs_order_given_or_not(rt):
+    """Every argument, read back from a new run, its list, its end and the runs' search, as it was given or as
+    its default (a row keeps the unset ones out)."""
+    thread = await rt.threads.create()
+    plain = await rt.runs.create(thread["thread_id"], "agent", input=user("hi"))
+    given = await rt.runs.create(thread["thread_id"], "agent", input=user("again"), stream_resumable=True,
+                                 interrupt_before=["tools"], context={"tone": "dry"}, timeout=30)
+    defaults = {"input": user("hi"), "command": None, "config": {}, "context": None, "stream_mode": ["values"],
+                "stream_subgraphs": False, "stream_resumable": False, "checkpoint_id": None, "temporary": False,
+                "timeout": None, "webhook": None, "interrupt_before": None, "interrupt_after": None}
+    changed = {**defaults, "input": user("again"), "stream_resumable": True, "interrupt_before": ["tools"],
+               "context": {"tone": "dry"}, "timeout": 30}
+    await rt.runs.join(thread["thread_id"], given["run_id"])
+    listed = {r["run_id"]: r for r in await rt.runs.list(thread["thread_id"])}
+    for run, expected in ((plain, defaults), (given, changed)):
+        for seen in (run, await rt.runs.get(thread["thread_id"], run["run_id"]), listed[run["run_id"]]):
+            assert list(seen["kwargs"].items()) == list(expected.items())
+
+
 async def test_create_returns_a_pending_langgraph_run(rt):
     thread = await rt.threads.create(metadata={"owner": "ana"})
     run = await rt.runs.create(thread["thread_id"], "agent", input=user("hi"), metadata={"tag": "t1"})

@@ -158,6 +158,22 @@ async def test_claim_runs_one_per_thread_oldest_first_and_not_before_time(storag
     assert await storage.claim_runs("w1", 0, now_iso()) == []
 
 
+async def test_a_runs_metadata_and_kwargs_read_back_as_given_integers_past_64_bits_included(storage):
+    """What a run was created with comes back the same from a read and from its claim, whatever reads the JSON
+    (SQLite and Postgres read it with orjson, which refuses integers past 64 bits: those must still come back)."""
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t1", now, now))
+    metadata = {"owner": "zoë", "big": 2**70 + 1, "nested": {"ids": [1, -(2**65)]}}
+    kwargs = {"input": {"messages": [{"type": "human", "content": "héllo ✓"}], "n": 2**64 + 1},
+              "config": {"configurable": {"x": 1.5, "none": None}}, "stream_mode": ["values"]}
+    row = replace(_run("t1"), metadata=metadata, kwargs=kwargs)
+    await storage.create_run(row)
+    read = await storage.get_run(row.run_id)
+    (claimed,) = await storage.claim_runs("w1", 1, now_iso())
+    assert (read.metadata, read.kwargs) == (metadata, kwargs)
+    assert (claimed.metadata, claimed.kwargs) == (metadata, kwargs)
+
+
 async def test_claims_keep_each_concurrency_key_to_its_limit_counting_the_runs_already_running(storage):
     """Runs sharing a concurrency key run at most its limit at once, counting those of the key running already
     (claimed by any worker, in an earlier claim); runs of another key, or of none, are claimed beside them."""

@@ -62,6 +62,17 @@ async def test_deeply_nested_json_is_refused_not_a_500(http, thread_id):
     assert (await http.get("/ok")).status_code == 200
 
 
+async def test_long_integers_in_a_body_are_kept_or_refused_not_a_500(http):
+    # Integers past 64 bits are read by Python's json module (orjson takes them for floats), which refuses more
+    # digits than Python converts, and recurses: neither may be a 500.
+    kept = await post(http, "POST", "/threads", f'{{"metadata": {{"n": {2**70}}}}}')
+    assert kept.status_code == 200 and f'"n":{2**70}'.encode() in kept.content
+    refused(await post(http, "POST", "/threads", f'{{"metadata": {{"n": {"9" * 5000}}}}}'), "Invalid JSON")
+    deep = f'{{"metadata": {{"n": {2**70}, "m": {nested(100_000)}}}}}'
+    refused(await post(http, "POST", "/threads", deep), "deep")
+    assert (await http.get("/ok")).status_code == 200
+
+
 @pytest.mark.parametrize("path, params", [
     ("/threads/{tid}/runs", {"limit": 2**63}),
     ("/threads/{tid}/runs", {"offset": 2**63}),

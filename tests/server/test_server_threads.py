@@ -149,3 +149,59 @@ async def test_a_long_thread_read_from_the_file_is_sent_as_when_cached(tmp_path)
         cold = await reads(cold_server.url, thread_id, before)
     assert cold == warm
     assert len(warm[0][0]["values"]["messages"]) == 602
+
+
+async def test_integers_past_64_bits_come_back_exactly(tmp_path):
+    """Integers JSON allows but 64 bits do not hold (Python clients send them) are kept exactly: in a thread's and
+    a run's metadata, in a message of the state, as the server that ran the run answers and as a second server on
+    the same file reads them back. Read with the standard library here: the official client's orjson would itself
+    turn them into floats."""
+    import json
+
+    from server_agents import AGENTS
+    from server_helpers import ThreadServer
+
+    from backchannel.runtime import LocalRuntime
+    from backchannel.server import create_app, served
+
+    big, low = 2**70 + 1, -(2**63) - 1
+    numbers = {"big": big, "low": low, "max": 2**64 - 1}
+
+    def serve() -> ThreadServer:
+        runtime = LocalRuntime(f"sqlite:///{tmp_path}/state.db", {"echo": served(AGENTS["echo"])})
+        return ThreadServer(create_app(runtime, heartbeat=0.2, grace=1.0))
+
+    async def answer(http: httpx.AsyncClient, method: str, path: str, **kwargs: object) -> object:
+        response = await http.request(method, path, **kwargs)
+        assert response.status_code == 200, response.text
+        return json.loads(response.content)
+
+    async def reads(http: httpx.AsyncClient, thread_id: str) -> tuple[object, object, object]:
+        thread = await answer(http, "GET", f"/threads/{thread_id}")
+        state = await answer(http, "GET", f"/threads/{thread_id}/state")
+        runs = await answer(http, "GET", f"/threads/{thread_id}/runs")
+        return thread["metadata"], state["values"]["messages"][0]["additional_kwargs"], runs[0]["metadata"]
+
+    message = {"role": "user", "content": "hi", "additional_kwargs": numbers}
+    with serve() as running:
+        async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+            thread_id = (await answer(http, "POST", "/threads", content=json.dumps({"metadata": numbers}),
+                                      headers={"content-type": "application/json"}))["thread_id"]
+            body: dict[str, object] = {"assistant_id": "echo", "input": {"messages": [message]}, "metadata": numbers}
+            await answer(http, "POST", f"/threads/{thread_id}/runs/wait", content=json.dumps(body),
+                         headers={"content-type": "application/json"})
+            warm = await reads(http, thread_id)
+            body["stream_mode"] = ["values", "updates"]
+            async with http.stream("POST", f"/threads/{thread_id}/runs/stream", content=json.dumps(body),
+                                   headers={"content-type": "application/json"}) as streamed:
+                events = [json.loads(line[5:]) async for line in streamed.aiter_lines() if line.startswith("data:")]
+    values = [event for event in events if isinstance(event, dict) and "messages" in event]
+    assert values and values[-1]["messages"][2]["additional_kwargs"] == numbers
+    with serve() as cold_server:
+        async with httpx.AsyncClient(base_url=cold_server.url, timeout=30) as http:
+            cold = await reads(http, thread_id)
+    for read in (warm, cold):
+        thread_metadata, kwargs, run_metadata = read
+        assert {k: thread_metadata[k] for k in numbers} == numbers
+        assert kwargs == numbers
+        assert {k: run_metadata[k] for k in numbers} == numbers

@@ -28,7 +28,7 @@ from backchannel.runtime.rows import (
     cron_order,
     delta_text,
 )
-from backchannel.serde import json_text
+from backchannel.serde import json_text, loads_exact
 
 __all__ = ["ASSISTANT_COLUMNS", "BASE_COLUMNS", "CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES",
            "assistant_order", "assistant_row", "assistant_values", "base_chain", "base_values", "chain_is_whole",
@@ -119,7 +119,8 @@ def thread_row(row: tuple[Any, ...]) -> ThreadRow:
 
 
 def run_row(row: tuple[Any, ...]) -> RunRow:
-    return RunRow(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), json.loads(row[7]),
+    # Its metadata and kwargs with keys shared from row to row: a thousand running runs each hold their claimed row.
+    return RunRow(row[0], row[1], row[2], row[3], row[4], row[5], loads_exact(row[6]), loads_exact(row[7]),
                   row[8], row[9], row[10], json.loads(row[11]) if row[11] else None, row[12], row[13],
                   json.loads(row[14]) if row[14] else None, row[15], row[16], row[17])
 

@@ -28,7 +28,7 @@ from backchannel.runtime.rows import TERMINAL, AssistantRow, CancelAction, RunRo
 from backchannel.runtime.scheduler import Scheduler
 from backchannel.runtime.storage import Notice, Storage
 from backchannel.runtime.streams import Streams
-from backchannel.runtime.wire import BUSY, render_error, resume_map
+from backchannel.runtime.wire import BUSY, render_error, resume_map, run_kwargs
 from backchannel.serde import to_jsonable
 from backchannel.tracing import with_trace_context
 
@@ -180,14 +180,14 @@ class RunQueue:
              temporary: bool) -> RunRow:
         # Over the assistant's; a wake-up starts a trace of its own (its notifications link back to their tasks).
         config = run_config(assistant, run.config if run.wake else with_trace_context(run.config))
-        kwargs: dict[str, Any] = {
+        kwargs = run_kwargs({
             "input": to_jsonable(run.input), "command": to_jsonable(run.command) if run.command else None,
             "config": dict(config or {}), "context": run_context(assistant, run.context),
             "stream_mode": run.stream_mode,
             "stream_subgraphs": run.stream_subgraphs, "stream_resumable": run.stream_resumable,
             "checkpoint_id": run.checkpoint_id, "temporary": temporary and (run.on_completion or "delete") == "delete",
             "timeout": run.timeout, "wake": run.wake, "webhook": run.webhook,
-            "interrupt_before": run.interrupt_before, "interrupt_after": run.interrupt_after}
+            "interrupt_before": run.interrupt_before, "interrupt_after": run.interrupt_after})
         graph_id = assistant.graph_id
         metadata = {**thread.metadata, **(config or {}).get("metadata", {}), **dict(run.metadata or {}),
                     "graph_id": graph_id, "assistant_id": assistant.assistant_id}

@@ -30,11 +30,9 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from backchannel.runtime.follow import Follower
 from backchannel.runtime.protocol import ProtocolEvent, ProtocolFilter, RunProtocol
-from backchannel.serde import to_jsonable
+from backchannel.serde import json_bytes, to_jsonable
 
 __all__ = ["KEEP", "KEPT_EVENTS", "Entry", "ThreadLog", "ThreadLogs"]
 
@@ -195,7 +193,7 @@ class ThreadLog:
             custom = data.get("name") if event.method == "custom" and isinstance(data, dict) else None
             self.entries.append(Entry(self._seq, event.channel, tuple(event.namespace),
                                       custom if isinstance(custom, str) else None, event.method,
-                                      orjson.dumps(wire, default=to_jsonable, option=orjson.OPT_NON_STR_KEYS)))
+                                      json_bytes(wire, to_jsonable)))
             added = True
         if len(self.entries) > 2 * KEPT_EVENTS:
             self.entries = self.entries[-KEPT_EVENTS:]

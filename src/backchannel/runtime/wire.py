@@ -19,7 +19,7 @@ from backchannel.runtime.run_options import check_delay, check_stream_modes
 
 __all__ = ["BUSY", "MULTITASK_STRATEGIES", "MultitaskStrategy", "check_namespace", "check_run_arguments",
            "checkpoint_id_of", "checkpoint_metadata", "input_update", "render_assistant", "render_cron",
-           "render_error", "render_item", "render_run", "render_state", "render_thread", "resume_map"]
+           "render_error", "render_item", "render_run", "render_state", "render_thread", "resume_map", "run_kwargs"]
 
 MultitaskStrategy = Literal["reject", "interrupt", "rollback", "enqueue"]
 MULTITASK_STRATEGIES: tuple[str, ...] = get_args(MultitaskStrategy)
@@ -27,6 +27,10 @@ BUSY = "Thread is already running a task. Wait for it to finish or choose a diff
 
 # Keys of a run's stored kwargs that are the runtime's own, not the run's options.
 _INTERNAL_KWARGS = ("resume_map", "wake")
+# The arguments a run row keeps only when given (readers take each with .get): a thousand live runs each keep their
+# row, and a dict of three keys takes a third of one of fourteen. render_run lists them all again (LangGraph does).
+_KWARGS_LEFT_OUT = frozenset({"command", "context", "stream_subgraphs", "stream_resumable", "checkpoint_id",
+                              "temporary", "timeout", "wake", "webhook", "interrupt_before", "interrupt_after"})
 
 
 # -- reading arguments ----------------------------------------------------------------------------
@@ -126,9 +130,21 @@ def render_assistant(row: AssistantRow, *, as_version: bool = False) -> dict[str
     return found
 
 
+def run_kwargs(given: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's arguments as its row keeps them: ``given`` without those of :data:`_KWARGS_LEFT_OUT` that are
+    ``None`` or ``False`` (what reading them with .get gives)."""
+    return {k: v for k, v in given.items() if (v is not None and v is not False) or k not in _KWARGS_LEFT_OUT}
+
+
 def render_run(row: RunRow) -> dict[str, Any]:
-    """A run as LangGraph returns it."""
-    kwargs = {k: v for k, v in row.kwargs.items() if k not in _INTERNAL_KWARGS}
+    """A run as LangGraph returns it: every argument listed, those its row leaves out as they were given."""
+    kwargs: dict[str, Any] = {
+        "input": None, "command": None, "config": {}, "context": None, "stream_mode": ["values"],
+        "stream_subgraphs": False, "stream_resumable": False, "checkpoint_id": None, "temporary": False,
+        "timeout": None, "webhook": None, "interrupt_before": None, "interrupt_after": None}
+    for k, v in row.kwargs.items():
+        if k not in _INTERNAL_KWARGS:
+            kwargs[k] = v
     return {"run_id": row.run_id, "thread_id": row.thread_id, "assistant_id": row.assistant_id,
             "metadata": row.metadata, "status": row.status, "kwargs": kwargs,
             "multitask_strategy": row.multitask_strategy, "created_at": row.scheduled_at or row.created_at,

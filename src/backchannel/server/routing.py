@@ -13,13 +13,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
+
+from backchannel.serde import json_bytes, loads_exact
 
 __all__ = ["MAX_INT", "MAX_JSON_DEPTH", "Endpoint", "JSONResponse", "Query", "dump", "query_bool", "query_int",
            "read_body", "render_json", "routes", "runtime_of"]
@@ -59,8 +60,8 @@ def routes(endpoints: Sequence[Endpoint]) -> list[Route]:
 
 
 def render_json(content: Any) -> bytes:
-    """JSON bytes with orjson (state values are plain JSON by the time they get here)."""
-    return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+    """JSON bytes (state values are plain JSON by the time they get here), integers past 64 bits exact."""
+    return json_bytes(content)
 
 
 class JSONResponse(Response):
@@ -96,9 +97,11 @@ async def read_body(request: Request, model: type[M]) -> M:
         raise HTTPException(408, late) from None
     raw = b"".join(chunks)
     try:
-        data = orjson.loads(raw) if raw.strip() else {}
-    except orjson.JSONDecodeError as exc:
+        data = loads_exact(raw) if raw.strip() else {}
+    except ValueError as exc:  # json.JSONDecodeError, or an integer of more digits than Python converts
         raise HTTPException(422, f"Invalid JSON in request body: {exc}") from None
+    except RecursionError:
+        raise HTTPException(422, "request body is nested too deep") from None
     if _too_deep(data, MAX_JSON_DEPTH):
         raise HTTPException(422, f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
     try:

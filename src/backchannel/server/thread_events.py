@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 from uuid import uuid4
 
-import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +28,7 @@ from backchannel.errors import BackchannelError, ConflictError, InvalidRequestEr
 from backchannel.runtime.commands import CommandError
 from backchannel.runtime.protocol import CHANNELS, ProtocolFilter
 from backchannel.runtime.threadlog import Entry, ThreadLog
+from backchannel.serde import json_bytes, loads_exact
 from backchannel.server.routing import Endpoint, JSONResponse, read_body, runtime_of
 from backchannel.server.schemas import EventStreamRequest, ProtocolCommand
 from backchannel.server.sse import StreamingBody, event_stream
@@ -136,8 +136,8 @@ class _Socket:
 
     async def handle(self, rt: Any, thread_id: str, raw: str) -> dict[str, Any]:
         try:
-            command = ProtocolCommand.model_validate(orjson.loads(raw))
-        except (orjson.JSONDecodeError, ValueError):
+            command = ProtocolCommand.model_validate(loads_exact(raw))
+        except (ValueError, RecursionError):
             return _error(None, "invalid_argument", "a command is a JSON object with an integer id and a method")
         method, params = command.method, command.params
         if method in ("subscription.subscribe", "subscription.reconnect"):
@@ -178,7 +178,7 @@ class _Socket:
 
     async def send(self, message: dict[str, Any]) -> None:
         async with self._lock:
-            await self.websocket.send_text(orjson.dumps(message).decode())
+            await self.websocket.send_text(json_bytes(message).decode())
 
     async def _send_entry(self, entry: Entry) -> None:
         self._sent[entry.seq] = None
