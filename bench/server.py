@@ -224,7 +224,9 @@ def aegra_server(workdir: Path, database: str, *, assistant: str = "echo") -> It
 @contextmanager
 def _process(command: list[str], workdir: Path, log: Path,
              env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    env = {**os.environ, "PYTHONPATH": str(workdir), "LANGSMITH_TRACING": "false", "LANGCHAIN_TRACING_V2": "false",
+    # The agents' directory first, then the caller's PYTHONPATH (a source tree to measure instead of the installed one).
+    path = os.pathsep.join(p for p in (str(workdir), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "LANGSMITH_TRACING": "false", "LANGCHAIN_TRACING_V2": "false",
            "LANGGRAPH_CLI_NO_ANALYTICS": "1", **(env or {})}
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
