@@ -1,7 +1,7 @@
 """Fault soak from outside: ``backchannel serve`` killed with SIGKILL at random moments while the official
 ``langgraph_sdk`` client drives it, restarted on the same database each time; then the invariants users rely on.
 
-The server serves ``bench/chaos_agents.py``: a ``worker`` (a model call, a tool, an answer) and a
+The server serves ``bench/_chaos_agents.py``: a ``worker`` (a model call, a tool, an answer) and a
 ``supervisor`` that starts a background ``researcher`` subagent on each turn and is woken by its completion
 notification. Clients submit turns all along, as ``runs.create`` on supervisor threads (``enqueue``),
 ``runs.wait`` and ``runs.create`` with ``if_not_exists="create"`` on worker threads; each round the server is
@@ -20,6 +20,8 @@ final server drains everything, and the soak checks:
 Usage::
 
     python bench/chaos.py [--rounds N] [--seed S] [--postgres URL] [--keep DIR]
+
+It exits 1 if an invariant failed, printing each violation.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,7 +88,7 @@ class Soak:
         with open(self.workdir / "serve.log", "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "backchannel.cli", "serve", "--port", str(self.port), "--database",
-                 self.database, "--agents", "worker=chaos_agents:worker", "supervisor=chaos_agents:supervisor"],
+                 self.database, "--agents", "worker=_chaos_agents:worker", "supervisor=_chaos_agents:supervisor"],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
@@ -179,7 +182,11 @@ async def load(soak: Soak, round_no: int, until: float) -> int:
     tasks = [asyncio.create_task(one_client()) for _ in range(CLIENTS)]
     await asyncio.sleep(max(0.0, until - time.monotonic()))
     soak.kill()
-    await asyncio.gather(*tasks, return_exceptions=False)
+    # A request the dead server cannot answer is lost: the SDK's runs.wait would retry its join for long.
+    await asyncio.sleep(0.5)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     return next(counter)
 
 
@@ -258,6 +265,7 @@ async def check(soak: Soak) -> tuple[dict[str, int], list[str]]:
             problems += check_notifications(thread_id, messages)
     for (thread_id,) in sql(soak.database, "SELECT thread_id FROM threads"):
         problems += await check_history(client, thread_id)
+        problems += await check_no_repeats(client, thread_id)
     counts = {"submitted": len(soak.submissions), "acknowledged": sum(s.acknowledged for s in soak.submissions),
               "stored": stored, "runs": sum(statuses.values()), "threads": len(sql(soak.database,
                                                                                    "SELECT 1 FROM threads")),
@@ -273,12 +281,21 @@ async def exists(client: Any, thread_id: str) -> bool:
     return True
 
 
+async def check_no_repeats(client: Any, thread_id: str) -> list[str]:
+    """No input and no final answer twice in any thread (the subagents' threads too: each is one run's)."""
+    messages = (await client.threads.get_state(thread_id))["values"].get("messages", [])
+    twice = [text for text, n in (Counter(inputs(messages)) + Counter(answers(messages))).items()
+             if n > 1 and text != "idle"]
+    return [f"{thread_id}: said twice: {twice}"] if twice else []
+
+
 def check_notifications(thread_id: str, messages: list[dict[str, Any]]) -> list[str]:
     """Each task started on ``thread_id`` notified it exactly once, and was noted exactly once."""
     started = [m["tool_call_id"] for m in messages if m["type"] == "tool" and m.get("name") == "start_async_task"]
     notes = Counter(filter(None, map(note_of, messages)))
     noted = Counter(i for a in answers(messages) if a.startswith("noted ") for i in a.split()[1:])
-    problems = []
+    problems = [f"{thread_id}: a notification that is not a success: {m['content'][:200]}" for m in messages
+                if note_of(m) and "Completed. Result: researched turn " not in m["content"]]
     if len(notes) != len(started) or any(n != 1 for n in notes.values()):
         problems.append(f"{thread_id}: {len(started)} tasks started, {len(notes)} notified, doubled "
                         f"{[i for i, n in notes.items() if n > 1]}")
@@ -326,7 +343,12 @@ async def soak_on(database: str, workdir: Path, rounds: int, seed: int) -> tuple
             print(f"  round {round_no}: {made} submissions, killed", file=sys.stderr, flush=True)
             soak.start()
         await drain(soak)
-        return await check(soak)
+        try:
+            return await check(soak)
+        except httpx.HTTPError as error:
+            assert soak.process is not None
+            raise RuntimeError(f"checking failed ({error!r}); the server's exit code: {soak.process.poll()}, its log:\n"
+                               f"{soak.log()}") from error
     finally:
         soak.stop()
 
@@ -335,32 +357,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--postgres", help="a Postgres URL: soak a scratch schema there too")
+    parser.add_argument("--postgres", help="a Postgres URL: soak a scratch schema there instead of a SQLite file")
     parser.add_argument("--keep", type=Path, help="keep the SQLite file and the server's log in this directory")
     args = parser.parse_args()
-    failed = False
-    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
-        targets = [("sqlite", f"sqlite:///{workdir}/state.db")]
-        for store, database in targets + ([("postgres", args.postgres)] if args.postgres else []):
-            print(f"… {store}: {args.rounds} rounds, seed {args.seed}", file=sys.stderr, flush=True)
-            if store == "postgres":
-                from backchannel.runtime.postgres import scratch_schema
+        if args.postgres:
+            from backchannel.runtime.postgres import scratch_schema  # psycopg only with a Postgres
 
-                with scratch_schema(database, "chaos") as scoped:
-                    counts, problems = asyncio.run(soak_on(scoped, workdir, args.rounds, args.seed))
-            else:
-                counts, problems = asyncio.run(soak_on(database, workdir, args.rounds, args.seed))
-            print(f"{store}: {counts}")
-            for problem in problems:
-                print(f"  VIOLATION {problem}")
-            failed |= bool(problems)
-        if args.keep:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            for name in ("state.db", "serve.log"):
-                if (workdir / name).exists():
-                    shutil.copy(workdir / name, args.keep / name)
-    sys.exit(1 if failed else 0)
+            database = stack.enter_context(scratch_schema(args.postgres, "chaos"))
+        else:
+            database = f"sqlite:///{workdir}/state.db"
+        print(f"… {args.rounds} rounds, seed {args.seed}", file=sys.stderr, flush=True)
+        try:
+            counts, problems = asyncio.run(soak_on(database, workdir, args.rounds, args.seed))
+        finally:
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                for name in ("state.db", "serve.log"):
+                    if (workdir / name).exists():
+                        shutil.copy(workdir / name, args.keep / name)
+    print(f"{'postgres' if args.postgres else 'sqlite'}: {counts}")
+    for problem in problems:
+        print(f"  VIOLATION {problem}")
+    sys.exit(1 if problems else 0)
 
 
 if __name__ == "__main__":

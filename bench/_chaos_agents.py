@@ -3,8 +3,8 @@
 Every answer names the turn it answers, so the soak can count each run's input and its final answer in a
 thread's state: ``worker`` calls a tool on its turn and answers ``done <turn>``; ``supervisor`` starts a
 background ``researcher`` on its turn and answers ``started <turn>``, each of its final answers adding
-`` | noted <task id> ...`` for the notifications since the previous one (the researcher looks its turn up with a tool, then answers
-``researched <turn>``).
+`` | noted <task id> ...`` for the notifications since the previous one (the researcher looks its turn up
+with a tool, then answers ``researched <turn>``).
 """
 
 from __future__ import annotations
