@@ -19,7 +19,7 @@ final server drains everything, and the soak checks:
 
 Usage::
 
-    python bench/chaos.py [--rounds N] [--seed S] [--postgres URL] [--keep DIR]
+    python bench/chaos.py [--rounds N] [--seed S] [--kill-after MIN MAX] [--postgres URL] [--keep DIR]
 
 It exits 1 if an invariant failed, printing each violation.
 """
@@ -49,6 +49,9 @@ from langgraph_sdk import get_client
 from langgraph_sdk.errors import APIStatusError, NotFoundError
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from server import free_port, wait_until_up  # noqa: E402  (a sibling script)
+
 SUPERVISOR_THREADS = 8
 CLIENTS = 6  # concurrent submitters
 ACTIVE = "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')"
@@ -90,16 +93,7 @@ class Soak:
                 [sys.executable, "-m", "backchannel.cli", "serve", "--port", str(self.port), "--database",
                  self.database, "--agents", "worker=_chaos_agents:worker", "supervisor=_chaos_agents:supervisor"],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.url}/ok", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start:\n{self.log()}")
-            time.sleep(0.05)
+        wait_until_up(self.url, self.process, self.workdir / "serve.log", 60)
 
     def kill(self) -> None:
         assert self.process is not None
@@ -114,14 +108,6 @@ class Soak:
 
     def log(self) -> str:
         return (self.workdir / "serve.log").read_text()[-4000:]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def user(text: str) -> dict[str, Any]:
@@ -236,7 +222,7 @@ async def check(soak: Soak) -> tuple[dict[str, int], list[str]]:
         by_thread.setdefault(sub.thread_id, []).append(sub)
     stored = 0
     for thread_id, subs in by_thread.items():
-        runs = await client.runs.list(thread_id, limit=10_000) if await exists(client, thread_id) else []
+        runs = await read(client.runs.list, thread_id, limit=10_000) if await exists(client, thread_id) else []
         turns = Counter((r["metadata"] or {}).get("turn") for r in runs)
         doubled = [t for t, n in turns.items() if t is not None and n > 1]
         if doubled:
@@ -247,7 +233,7 @@ async def check(soak: Soak) -> tuple[dict[str, int], list[str]]:
                      for s in subs if s.acknowledged and not turns[s.turn]]
         if not runs:
             continue
-        messages = (await client.threads.get_state(thread_id))["values"].get("messages", [])
+        messages = (await read(client.threads.get_state, thread_id))["values"].get("messages", [])
         expected_inputs = Counter(s.turn for s in mine)
         if Counter(inputs(messages)) != expected_inputs:
             problems.append(f"{thread_id}: inputs {Counter(inputs(messages))} != runs' {expected_inputs}")
@@ -273,9 +259,21 @@ async def check(soak: Soak) -> tuple[dict[str, int], list[str]]:
     return counts, problems
 
 
+async def read(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call``'s answer, asked again once if the connection broke: a read, so asking twice is harmless. Once, in a
+    pass on Postgres, a get_state after a large get_history met "Server disconnected without sending a response"
+    on the pooled connection; whether the server was alive was not recorded then (likely keep-alive's close racing
+    the request, after the client had parsed a large history for seconds). If the server is dead, asking again
+    fails too, and the soak says so with the server's exit code and log."""
+    try:
+        return await call(*args, **kwargs)
+    except httpx.TransportError:
+        return await call(*args, **kwargs)
+
+
 async def exists(client: Any, thread_id: str) -> bool:
     try:
-        await client.threads.get(thread_id)
+        await read(client.threads.get, thread_id)
     except NotFoundError:
         return False
     return True
@@ -283,7 +281,7 @@ async def exists(client: Any, thread_id: str) -> bool:
 
 async def check_no_repeats(client: Any, thread_id: str) -> list[str]:
     """No input and no final answer twice in any thread (the subagents' threads too: each is one run's)."""
-    messages = (await client.threads.get_state(thread_id))["values"].get("messages", [])
+    messages = (await read(client.threads.get_state, thread_id))["values"].get("messages", [])
     twice = [text for text, n in (Counter(inputs(messages)) + Counter(answers(messages))).items()
              if n > 1 and text != "idle"]
     return [f"{thread_id}: said twice: {twice}"] if twice else []
@@ -308,8 +306,8 @@ def check_notifications(thread_id: str, messages: list[dict[str, Any]]) -> list[
 async def check_history(client: Any, thread_id: str) -> list[str]:
     history: list[dict[str, Any]] = []
     while True:  # a page at a time (the API's limit is 1,000)
-        page = await client.threads.get_history(thread_id, limit=1000,
-                                                before=history[-1]["checkpoint"] if history else None)
+        page = await read(client.threads.get_history, thread_id, limit=1000,
+                          before=history[-1]["checkpoint"] if history else None)
         history += page
         if len(page) < 1000:
             break
@@ -332,14 +330,15 @@ async def check_history(client: Any, thread_id: str) -> list[str]:
 # -- the soak ------------------------------------------------------------------------------------
 
 
-async def soak_on(database: str, workdir: Path, rounds: int, seed: int) -> tuple[dict[str, int], list[str]]:
+async def soak_on(database: str, workdir: Path, rounds: int, seed: int,
+                  kill_after: tuple[float, float]) -> tuple[dict[str, int], list[str]]:
     soak = Soak(database, workdir, random.Random(seed))
     soak.start()
     try:
         client = get_client(url=soak.url)
         soak.supervisor_threads = [(await client.threads.create())["thread_id"] for _ in range(SUPERVISOR_THREADS)]
         for round_no in range(rounds):
-            made = await load(soak, round_no, time.monotonic() + soak.rng.uniform(0.5, 3.0))
+            made = await load(soak, round_no, time.monotonic() + soak.rng.uniform(*kill_after))
             print(f"  round {round_no}: {made} submissions, killed", file=sys.stderr, flush=True)
             soak.start()
         await drain(soak)
@@ -357,6 +356,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kill-after", type=float, nargs=2, default=(0.5, 3.0), metavar=("MIN", "MAX"),
+                        help="each round's server is killed this many seconds after it answers (uniform)")
     parser.add_argument("--postgres", help="a Postgres URL: soak a scratch schema there instead of a SQLite file")
     parser.add_argument("--keep", type=Path, help="keep the SQLite file and the server's log in this directory")
     args = parser.parse_args()
@@ -370,7 +371,7 @@ def main() -> None:
             database = f"sqlite:///{workdir}/state.db"
         print(f"… {args.rounds} rounds, seed {args.seed}", file=sys.stderr, flush=True)
         try:
-            counts, problems = asyncio.run(soak_on(database, workdir, args.rounds, args.seed))
+            counts, problems = asyncio.run(soak_on(database, workdir, args.rounds, args.seed, args.kill_after))
         finally:
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
