@@ -131,7 +131,7 @@ async def test_a_single_tool_call_is_awaited_by_the_run_with_no_frame_between():
     state = await create_agent(ScriptedModel([{"tool_calls": [{"name": "look", "args": {}, "id": "c1"}]}, "ok"]),
                                [look]).ainvoke("hi")
     assert [m.text for m in state["messages"] if m.type == "tool"] == ["seen"]
-    assert stack[:3] == ["stack_looker.<locals>.look", "Agent._tool_call", "Agent._run"]  # the run's steps in its frame
+    assert stack[:3] == ["stack_looker.<locals>.look", "Agent._tool_call", "Agent._loop"]
 
 
 # -- parallel tool calls --------------------------------------------------------------------

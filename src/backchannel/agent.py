@@ -13,7 +13,6 @@ stage name may carry the index of the next hook to run (``"after_model:1"``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Coroutine, Iterator, Mapping, Sequence
@@ -72,7 +71,6 @@ class _Plan:
 
 
 _NO_NODES: frozenset[str] = frozenset()  # the nodes a run pauses at, when it has no breakpoints
-_NO_DEADLINE = contextlib.nullcontext()  # what a run without a deadline runs its steps in (one for all)
 
 
 class Agent:
@@ -188,103 +186,19 @@ class Agent:
         return self._run(self._plan or self._compile(), state, ctx, stage)
 
     async def _run(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str) -> RunResult:
-        """The run's steps from ``stage`` on, in its span when it is traced, and how it ended, told to the hooks and
-        listeners. One frame: each frame under a run stays suspended as long as it (a thousand background subagents
-        hold a thousand of each), so the span is opened and ended here, and the steps are no coroutine of their own."""
+        """The run, in its span when it is traced (opened and ended here: a wrapping coroutine would stay
+        suspended as long as the run), and how it ended, told to the hooks and listeners."""
         span = ctx.trace.start_run(ctx, self.name, plan.model) if ctx.trace.on else None
         reports = ctx.parent is None or self.name is not None
         try:
             if reports:
                 self._lifecycle(ctx, "started")
-            # Mail taken in from the inbox is acknowledged once a model call has heard it, or once the run
-            # ends or pauses with it in its state; a run that fails or is cancelled first leaves it for the next.
-            unheard: list[AnyMessage] = []
-            failed = False
             try:
-                async with _NO_DEADLINE if ctx.deadline is None else asyncio.timeout_at(ctx.deadline):
-                    try:
-                        name, _, index = stage.partition(":")
-                        start = int(index or 0)
-                        model_calls = 0
-                        woken = False  # after_agent sent a finished run back to the model
-                        while name:  # none left once resumed after its last step: only its end
-                            if name == "before_agent":
-                                jump = await self._run_hooks(plan, "before_agent", state, ctx, start)
-                                name = "after_agent" if jump else "before_model"
-                            elif name == "before_model":
-                                arrived = (await self._deliver_inbox(plan, state, ctx, unheard)
-                                           if start == 0 and ctx.inbox else ())
-                                unheard += arrived
-                                if await self._run_hooks(plan, "before_model", state, ctx, start):
-                                    name, start = "after_agent", 0
-                                    continue
-                                # A finished run woken by mail (task results) is not looping: only the other
-                                # calls count.
-                                if not (woken and arrived):
-                                    model_calls += 1
-                                    limit = ctx.max_iterations or self.max_iterations
-                                    if model_calls > limit:
-                                        raise MaxIterationsError(limit)
-                                woken = False
-                                if self._breaks(ctx, "before", {"model"}):
-                                    raise GraphInterrupt([], f"before_model:{len(plan.hooks['before_model'])}")
-                                message = await self._call_model(plan, state, ctx)
-                                if unheard:  # heard now
-                                    assert ctx.inbox is not None
-                                    await ctx.inbox.ack(unheard)
-                                    unheard.clear()
-                                name = _stage_after_reply(plan, message)
-                                await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)
-                                if not name:
-                                    break
-                                if self._breaks(ctx, "after", {"model"}):
-                                    raise GraphInterrupt([], name)
-                            elif name == "after_model":
-                                jump = await self._run_hooks(plan, "after_model", state, ctx, start)
-                                if jump:
-                                    name = _JUMP_TARGETS[jump]
-                                else:
-                                    last = _last_ai(state["messages"])
-                                    has_calls = last is not None and bool(last.tool_calls or last.invalid_tool_calls)
-                                    name = "tools" if has_calls else "after_agent"
-                            elif name == "tools":
-                                called = ({"tools", *_pending_tool_names(state)} if ctx.breakpoints is not None
-                                          else _NO_NODES)
-                                if self._breaks(ctx, "before", called):
-                                    raise GraphInterrupt([], "tools")
-                                _, calls = pending_tool_calls(state["messages"])
-                                # One call: awaited here (no frame between).
-                                if len(calls) == 1 and not ctx.pending_tools:
-                                    try:
-                                        update, direct, _ = await self._tool_call(plan, calls[0], state, ctx)
-                                    except GraphInterrupt as paused:
-                                        paused.stage = "tools"  # resume by running the call again
-                                        raise
-                                    name = "after_agent" if direct else "before_model"
-                                    await self._apply(plan, state, ctx, "tools", update, name)
-                                    # Not held in this frame through the next tool call (a live run waits in it).
-                                    del update
-                                else:
-                                    ended = await self._run_batch(plan, calls, state, ctx)
-                                    name = "after_agent" if ended else "before_model"
-                                if self._breaks(ctx, "after", called):
-                                    raise GraphInterrupt([], name)
-                            elif name == "after_agent":
-                                if not await self._run_hooks(plan, "after_agent", state, ctx, start):
-                                    break
-                                name, woken = "before_model", True
-                            else:
-                                raise ValueError(f"cannot continue a run at unknown stage {stage!r}")
-                            start = 0
-                    except GraphInterrupt:
-                        raise
-                    except BaseException:
-                        failed = True
-                        raise
-                    finally:
-                        if unheard and not failed:
-                            assert ctx.inbox is not None
-                            await ctx.inbox.ack(unheard)
+                if ctx.deadline is None:
+                    await self._loop(plan, state, ctx, stage)
+                else:
+                    async with asyncio.timeout_at(ctx.deadline):
+                        await self._loop(plan, state, ctx, stage)
             except BaseException as exc:
                 result = await self._stopped(plan, state, ctx, exc, reports)
             else:
@@ -360,6 +274,92 @@ class Agent:
         if metadata:
             data["metadata"] = metadata
         ctx.emit("lifecycle", data)
+
+    async def _loop(self, plan: _Plan, state: dict[str, Any], ctx: RunContext, stage: str) -> None:
+        """The run's steps from ``stage`` on (one frame: each frame under a run stays suspended as long as it)."""
+        if not stage:
+            return  # resumed after its last step: only the run's end (on_end hooks) is left
+        # Mail taken in from the inbox is acknowledged once a model call has heard it, or once the run
+        # ends or pauses with it in its state; a run that fails or is cancelled first leaves it for the next.
+        unheard: list[AnyMessage] = []
+        failed = False
+        try:
+            name, _, index = stage.partition(":")
+            start = int(index or 0)
+            model_calls = 0
+            woken = False  # after_agent sent a finished run back to the model
+            while True:
+                if name == "before_agent":
+                    jump = await self._run_hooks(plan, "before_agent", state, ctx, start)
+                    name = "after_agent" if jump else "before_model"
+                elif name == "before_model":
+                    arrived = await self._deliver_inbox(plan, state, ctx, unheard) if start == 0 and ctx.inbox else ()
+                    unheard += arrived
+                    if await self._run_hooks(plan, "before_model", state, ctx, start):
+                        name, start = "after_agent", 0
+                        continue
+                    # A finished run woken by mail (task results) is not looping: only the other calls count.
+                    if not (woken and arrived):
+                        model_calls += 1
+                        limit = ctx.max_iterations or self.max_iterations
+                        if model_calls > limit:
+                            raise MaxIterationsError(limit)
+                    woken = False
+                    if self._breaks(ctx, "before", {"model"}):
+                        raise GraphInterrupt([], f"before_model:{len(plan.hooks['before_model'])}")
+                    message = await self._call_model(plan, state, ctx)
+                    if unheard:  # heard now
+                        assert ctx.inbox is not None
+                        await ctx.inbox.ack(unheard)
+                        unheard.clear()
+                    name = _stage_after_reply(plan, message)
+                    await self._apply(plan, state, ctx, "model", {"messages": [message]}, name)
+                    if not name:
+                        return
+                    if self._breaks(ctx, "after", {"model"}):
+                        raise GraphInterrupt([], name)
+                elif name == "after_model":
+                    jump = await self._run_hooks(plan, "after_model", state, ctx, start)
+                    if jump:
+                        name = _JUMP_TARGETS[jump]
+                    else:
+                        last = _last_ai(state["messages"])
+                        has_calls = last is not None and bool(last.tool_calls or last.invalid_tool_calls)
+                        name = "tools" if has_calls else "after_agent"
+                elif name == "tools":
+                    called = {"tools", *_pending_tool_names(state)} if ctx.breakpoints is not None else _NO_NODES
+                    if self._breaks(ctx, "before", called):
+                        raise GraphInterrupt([], "tools")
+                    _, calls = pending_tool_calls(state["messages"])
+                    if len(calls) == 1 and not ctx.pending_tools:  # one call: awaited here (no frame between)
+                        try:
+                            update, direct, _ = await self._tool_call(plan, calls[0], state, ctx)
+                        except GraphInterrupt as paused:
+                            paused.stage = "tools"  # resume by running the call again
+                            raise
+                        name = "after_agent" if direct else "before_model"
+                        await self._apply(plan, state, ctx, "tools", update, name)
+                        del update  # not held in this frame through the next tool call (a live run waits in it)
+                    else:
+                        name = "after_agent" if await self._run_batch(plan, calls, state, ctx) else "before_model"
+                    if self._breaks(ctx, "after", called):
+                        raise GraphInterrupt([], name)
+                elif name == "after_agent":
+                    if not await self._run_hooks(plan, "after_agent", state, ctx, start):
+                        return
+                    name, woken = "before_model", True
+                else:
+                    raise ValueError(f"cannot continue a run at unknown stage {stage!r}")
+                start = 0
+        except GraphInterrupt:
+            raise
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if unheard and not failed:
+                assert ctx.inbox is not None
+                await ctx.inbox.ack(unheard)
 
     @staticmethod
     def _breaks(ctx: RunContext, when: str, nodes: AbstractSet[str]) -> bool:
