@@ -271,9 +271,8 @@ _RUN_COLUMNS = ("run_id, thread_id, assistant_id, created_at, updated_at, status
 # What claiming a run changes in its row (index in the run's values, and column).
 _CLAIMED = tuple((_RUN_COLUMNS.split(", ").index(column), column) for column in ("status", "attempts", "claim"))
 # A run's write under a claim (see the fencing rule): the claim's run row, locked against a take-over until
-# the write commits; a take-over that committed first makes it empty.
-_HELD = "SELECT 1 FROM runs WHERE run_id = %s AND claim = %s AND status = 'running' FOR SHARE"
-_HOLDS = "SELECT 1 FROM runs WHERE run_id = %(run)s AND claim = %(claim)s AND status = 'running'"  # _HELD, by name
+# the write commits (FOR SHARE; FOR UPDATE by the run's end); a take-over that committed first makes it empty.
+_HELD = "SELECT 1 FROM runs WHERE run_id = %(run)s AND claim = %(claim)s AND status = 'running'"
 _CHECKPOINT_COLUMNS = "thread_id, seq, checkpoint_id, parent_id, run_id, delta, next, metadata, created_at, whole"
 # The checkpoints of other runs (or of none) whose parent a run wrote.
 _CHILDREN_OF_RUN = ("thread_id = %(thread)s AND run_id IS DISTINCT FROM %(run)s AND NOT whole AND parent_id IN "
@@ -797,7 +796,7 @@ class PostgresStorage(Storage):
         checkpoint_id, stage = end.checkpoint_next or (None, None)
         # Under a claim, every part is conditional on the claim holding (the run's row locked meanwhile), and
         # with the run's last step, on its checkpoint going in (its parent there).
-        held, holds = ((f"held AS ({_HOLDS} FOR UPDATE), ", " AND EXISTS (SELECT 1 FROM held)") if end.claim
+        held, holds = ((f"held AS ({_HELD} FOR UPDATE), ", " AND EXISTS (SELECT 1 FROM held)") if end.claim
                        else ("", ""))
         last, written = "", ""
         params: dict[str, Any] = {}
@@ -833,17 +832,14 @@ class PostgresStorage(Storage):
         rows = await self._all("SELECT run_id, spans FROM run_spans WHERE thread_id = %s", (thread_id,))
         return {run_id: json.loads(spans) for run_id, spans in rows}
 
-    async def _fenced(self, claim: RunClaim | None, sql: str,
-                      params: Sequence[Any] | Mapping[str, Any]) -> tuple[Any, ...] | None:
-        """Run a statement of a run's; under a claim, ``sql`` names ``held`` (see :data:`_HELD`, whose two
-        parameters come first; :data:`_HOLDS` with parameters by name), and returns a row whose first column is its
-        count of rows (the row is returned)."""
+    async def _fenced(self, claim: RunClaim | None, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """Run a statement of a run's, its parameters by name; under a claim, ``sql`` names ``held`` (see
+        :data:`_HELD`, whose parameters are added), and returns a row whose first column is its count of rows (the
+        row is returned)."""
         if claim is None:
             await self._write(sql, params)
             return None
-        fenced = ({**params, "run": claim.run_id, "claim": claim.token} if isinstance(params, Mapping)
-                  else (*claim, *params))
-        found = await self._write_one(sql, fenced)
+        found = await self._write_one(sql, {**params, "run": claim.run_id, "claim": claim.token})
         if not (found and found[0]):
             raise LostRunError(f"run {claim.run_id} is no longer this process's to run")
         return found
@@ -923,7 +919,7 @@ class PostgresStorage(Storage):
         if claim is None:
             found = await self._write_one(f"WITH {ctes} SELECT 1, count(*) FROM i", params)
         else:
-            found = await self._fenced(claim, f"WITH held AS ({_HOLDS} FOR SHARE), {ctes} "
+            found = await self._fenced(claim, f"WITH held AS ({_HELD} FOR SHARE), {ctes} "
                                        "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM i)", params)
         return bool(found and found[1])
 
@@ -1045,12 +1041,13 @@ class PostgresStorage(Storage):
     async def put_pending_write(self, thread_id: str, key: str, value: Mapping[str, Any],
                                 claim: RunClaim | None = None) -> None:
         upsert = ("INSERT INTO pending_writes {} ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value")
-        params = (thread_id, key, dumps(value))
+        params = {"thread": thread_id, "key": key, "value": dumps(value)}
         if claim is None:
-            await self._write(upsert.format("VALUES (%s, %s, %s)"), params)
+            await self._write(upsert.format("VALUES (%(thread)s, %(key)s, %(value)s)"), params)
         else:
-            await self._fenced(claim, f"WITH held AS ({_HELD}), i AS ("
-                               f"{upsert.format('SELECT %s, %s, %s FROM held')}) SELECT count(*) FROM held", params)
+            await self._fenced(claim, f"WITH held AS ({_HELD} FOR SHARE), i AS ("
+                               f"{upsert.format('SELECT %(thread)s, %(key)s, %(value)s FROM held')}) "
+                               "SELECT count(*) FROM held", params)
 
     async def pending_writes(self, thread_id: str) -> dict[str, Mapping[str, Any]]:
         rows = await self._all("SELECT key, value FROM pending_writes WHERE thread_id = %s", (thread_id,))
@@ -1060,8 +1057,9 @@ class PostgresStorage(Storage):
         if claim is None:
             await self._write("DELETE FROM pending_writes WHERE thread_id = %s", (thread_id,))
         else:
-            await self._fenced(claim, f"WITH held AS ({_HELD}), d AS (DELETE FROM pending_writes WHERE thread_id = "
-                               "%s AND EXISTS (SELECT 1 FROM held)) SELECT count(*) FROM held", (thread_id,))
+            await self._fenced(claim, f"WITH held AS ({_HELD} FOR SHARE), d AS (DELETE FROM pending_writes WHERE "
+                               "thread_id = %(thread)s AND EXISTS (SELECT 1 FROM held)) SELECT count(*) FROM held",
+                               {"thread": thread_id})
 
     # -- inbox
 
@@ -1092,9 +1090,9 @@ class PostgresStorage(Storage):
             await self._write("UPDATE inbox SET delivered = TRUE WHERE thread_id = %s AND key = ANY(%s)",
                               (thread_id, list(keys)))
         else:
-            await self._fenced(claim, f"WITH held AS ({_HELD}), u AS (UPDATE inbox SET delivered = TRUE WHERE "
-                               "thread_id = %s AND key = ANY(%s) AND EXISTS (SELECT 1 FROM held)) "
-                               "SELECT count(*) FROM held", (thread_id, list(keys)))
+            await self._fenced(claim, f"WITH held AS ({_HELD} FOR SHARE), u AS (UPDATE inbox SET delivered = TRUE "
+                               "WHERE thread_id = %(thread)s AND key = ANY(%(keys)s) AND EXISTS (SELECT 1 FROM held)) "
+                               "SELECT count(*) FROM held", {"thread": thread_id, "keys": list(keys)})
 
     async def threads_with_mail(self) -> list[str]:
         return [r[0] for r in await self._all("SELECT DISTINCT thread_id FROM inbox WHERE NOT delivered")]

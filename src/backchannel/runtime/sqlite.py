@@ -801,7 +801,7 @@ class SQLiteStorage(Storage):
                 db.execute(f"INSERT INTO runs VALUES ({','.join('?' * 18)})", run_values(running))
                 head = first() if first is not None and blank else None
                 if head is not None:
-                    db.execute(f"INSERT INTO checkpoints VALUES ({','.join('?' * 10)})", checkpoint_values(head))
+                    db.execute(_PUT_CHECKPOINT.format(held="1"), checkpoint_values(head))  # (claimed just now)
                 stored: StoredRun | None = StoredRun("running", blank=blank)
             else:
                 stored = StoredRun("pending", blank=False) if db.execute(
