@@ -538,6 +538,42 @@ async def test_a_run_failing_after_its_last_step_records_the_step_with_its_error
     assert [h["metadata"]["step"] for h in reversed(await rt.threads.get_history(tid))] == [-1, 0]
 
 
+@pytest.mark.parametrize("action", ["interrupt", "rollback"])
+async def test_a_run_cancelled_while_its_last_step_waits_for_the_end_keeps_or_drops_that_step_with_it(
+        make_runtime, action):
+    """A run cancelled after its last step was made but before its end was written (an ``on_end`` that stores the
+    step itself, still busy): ``interrupt`` keeps the step, written with the run's end; ``rollback`` drops it with
+    the run."""
+    reporting, slow = asyncio.Event(), []
+
+    class SlowReport(Middleware):
+        on_end_stores_last_step = True
+
+        async def on_end(self, state, ctx, result):
+            if slow:
+                reporting.set()
+                await asyncio.sleep(60)
+
+    rt = await make_runtime({"agent": echo_agent(middleware=[SlowReport()])})
+    tid = str(uuid.uuid4())
+    await rt.runs.wait(tid, "agent", input=user("first"), if_not_exists="create")  # what a rollback returns to
+    slow.append(True)
+    run = await rt.runs.create(tid, "agent", input=user("hi"))
+    await asyncio.wait_for(reporting.wait(), 10)
+    await rt.runs.cancel(tid, run["run_id"], action=action, wait=True)
+    state = await rt.threads.get_state(tid)
+    history = await rt.threads.get_history(tid)
+    if action == "interrupt":
+        assert (await rt.runs.get(tid, run["run_id"]))["status"] == "interrupted"
+        assert contents(state["values"]) == ["first", "echo: first", "hi", "echo: hi"]
+        assert [h["metadata"]["step"] for h in reversed(history)] == [-1, 0, 1, 2]
+    else:
+        assert run["run_id"] not in [r["run_id"] for r in await rt.runs.list(tid)]
+        assert contents(state["values"]) == ["first", "echo: first"]
+        assert [h["metadata"]["step"] for h in reversed(history)] == [-1, 0]
+    assert state["next"] == [] and (await rt.threads.get(tid))["status"] == "idle"
+
+
 async def test_a_runs_last_step_whose_parent_was_deleted_meanwhile_is_stored_whole_with_its_end(make_runtime):
     """A run's last step follows a checkpoint of the run before it (the run made none of its own first), and that
     run is deleted while the step waits for the end: the step goes in holding the whole state, then the end."""
