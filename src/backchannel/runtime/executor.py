@@ -37,7 +37,7 @@ from backchannel.runtime.registry import Registry
 from backchannel.runtime.rows import CancelAction, RunClaim, RunEnd, RunRow, RunStatus
 from backchannel.runtime.run_options import iteration_limit
 from backchannel.runtime.scheduler import Scheduler
-from backchannel.runtime.storage import ParentGoneError, Storage
+from backchannel.runtime.storage import ParentGoneError, Storage, read_together
 from backchannel.runtime.streams import RunStream, Streams
 from backchannel.runtime.webhooks import post_webhook
 from backchannel.runtime.wire import input_update, render_error, render_run, resume_map
@@ -178,8 +178,8 @@ class Executor:
             self.checkpoints.adopt(row.thread_id, state)
             inbox = await self.mail.open_inbox(row.thread_id, claim, empty=True)
         else:  # read together: one round trip where the storage batches a tick's reads
-            state, inbox = await asyncio.gather(self._load_state(row, reducers),
-                                                self.mail.open_inbox(row.thread_id, claim))
+            state, inbox = await read_together(self.storage, self._load_state(row, reducers),
+                                               self.mail.open_inbox(row.thread_id, claim))
         pending: Mapping[str, Any] = NOTHING
         resuming = blank is None and state.head is not None and state.head.run_id == row.run_id  # after a crash
         if resuming:
