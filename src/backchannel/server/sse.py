@@ -222,7 +222,7 @@ class StreamingBody:
             if self.on_disconnect is not None:
                 await self.on_disconnect()
             return
-        await _cancel(watching)
+        watching.cancel()  # it waits for a message that will not come: stopped, not waited for (it sends nothing)
         exc = sending.exception()
         if exc is not None and not isinstance(exc, OSError):
             raise exc
