@@ -1,12 +1,14 @@
 """SQLite storage on a real file: what survives a restart, WAL, URLs, sharing a file."""
 
 import asyncio
+import sqlite3
 import uuid
 
 import pytest
 from runtime_helpers import contents, echo_agent, looping_agent, user
 
 from backchannel._clock import now_iso
+from backchannel.errors import StorageUnavailableError
 from backchannel.runtime import LocalRuntime, open_storage
 from backchannel.runtime.memory import MemoryStorage
 from backchannel.runtime.rows import RunRow, ThreadRow
@@ -176,5 +178,23 @@ async def test_the_wal_is_copied_into_the_database_once_writes_pause(tmp_path):
 
         assert path.stat().st_size > size_after_commit + 100 * 4096  # copied into the database
         assert await storage.count_threads() == sqlite._CHANGES_PER_CHECKPOINT
+    finally:
+        await storage.close()
+
+
+async def test_a_write_refused_while_another_connection_writes_is_unavailable_and_the_next_goes_in(tmp_path):
+    storage = SQLiteStorage(str(tmp_path / "state.db"))
+    await storage.open()
+    try:
+        storage.db.execute("PRAGMA busy_timeout = 0")  # refused at once, not after ten seconds
+        other = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process writing: SQLITE_BUSY
+        now = now_iso()
+        with pytest.raises(StorageUnavailableError, match="could not write to the database"):
+            await storage.create_thread(ThreadRow("t1", now, now, {}))
+        other.execute("ROLLBACK")
+        other.close()
+        assert await storage.create_thread(ThreadRow("t1", now, now, {}))
+        assert (await storage.get_thread("t1")).thread_id == "t1"
     finally:
         await storage.close()
