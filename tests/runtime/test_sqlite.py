@@ -198,3 +198,19 @@ async def test_a_write_refused_while_another_connection_writes_is_unavailable_an
         assert (await storage.get_thread("t1")).thread_id == "t1"
     finally:
         await storage.close()
+
+
+async def test_two_storages_of_one_process_on_one_file_write_in_the_same_tick(tmp_path):
+    first, second = SQLiteStorage(str(tmp_path / "state.db")), SQLiteStorage(str(tmp_path / "state.db"))
+    await first.open()
+    await second.open()
+    try:
+        second.db.execute("PRAGMA busy_timeout = 0")  # the first's open transaction would refuse it at once
+        now = now_iso()
+        made = await asyncio.gather(first.create_thread(ThreadRow("t1", now, now, {})),
+                                    second.create_thread(ThreadRow("t2", now, now, {})))
+        assert made == [True, True]
+        assert [(await first.get_thread(t)).thread_id for t in ("t1", "t2")] == ["t1", "t2"]
+    finally:
+        await first.close()
+        await second.close()

@@ -378,10 +378,13 @@ class SQLiteStorage(Storage):
         db = self.db
         if not db.in_transaction:
             # Another storage of this process on the same file would hold the write lock until its
-            # commit, which waits for this very thread: commit it first.
-            for other in _OPEN.get(self.path, ()):
-                if other is not self:
-                    other._commit()
+            # commit, which waits for this very thread: commit it first. (Looked for only if there is one: a
+            # WeakSet's iteration is a generator of Python calls, at each transaction.)
+            others = _OPEN.get(self.path)
+            if others is not None and len(others) > 1:
+                for other in others:
+                    if other is not self:
+                        other._commit()
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no event loop: autocommit
