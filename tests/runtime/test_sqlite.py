@@ -1,12 +1,14 @@
 """SQLite storage on a real file: what survives a restart, WAL, URLs, sharing a file."""
 
 import asyncio
+import sqlite3
 import uuid
 
 import pytest
 from runtime_helpers import contents, echo_agent, looping_agent, user
 
 from backchannel._clock import now_iso
+from backchannel.errors import StorageUnavailableError
 from backchannel.runtime import LocalRuntime, open_storage
 from backchannel.runtime.memory import MemoryStorage
 from backchannel.runtime.rows import RunRow, ThreadRow
@@ -178,3 +180,37 @@ async def test_the_wal_is_copied_into_the_database_once_writes_pause(tmp_path):
         assert await storage.count_threads() == sqlite._CHANGES_PER_CHECKPOINT
     finally:
         await storage.close()
+
+
+async def test_a_write_refused_while_another_connection_writes_is_unavailable_and_the_next_goes_in(tmp_path):
+    storage = SQLiteStorage(str(tmp_path / "state.db"))
+    await storage.open()
+    try:
+        storage.db.execute("PRAGMA busy_timeout = 0")  # refused at once, not after ten seconds
+        other = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process writing: SQLITE_BUSY
+        now = now_iso()
+        with pytest.raises(StorageUnavailableError, match="could not write to the database"):
+            await storage.create_thread(ThreadRow("t1", now, now, {}))
+        other.execute("ROLLBACK")
+        other.close()
+        assert await storage.create_thread(ThreadRow("t1", now, now, {}))
+        assert (await storage.get_thread("t1")).thread_id == "t1"
+    finally:
+        await storage.close()
+
+
+async def test_two_storages_of_one_process_on_one_file_write_in_the_same_tick(tmp_path):
+    first, second = SQLiteStorage(str(tmp_path / "state.db")), SQLiteStorage(str(tmp_path / "state.db"))
+    await first.open()
+    await second.open()
+    try:
+        second.db.execute("PRAGMA busy_timeout = 0")  # the first's open transaction would refuse it at once
+        now = now_iso()
+        made = await asyncio.gather(first.create_thread(ThreadRow("t1", now, now, {})),
+                                    second.create_thread(ThreadRow("t2", now, now, {})))
+        assert made == [True, True]
+        assert [(await first.get_thread(t)).thread_id for t in ("t1", "t2")] == ["t1", "t2"]
+    finally:
+        await first.close()
+        await second.close()

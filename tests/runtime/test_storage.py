@@ -1,6 +1,7 @@
 """The storage contract, on every backend: the same operations give the same answers."""
 
 import asyncio
+import inspect
 import json
 import uuid
 from dataclasses import replace
@@ -25,7 +26,7 @@ from backchannel.runtime.rows import (
     ThreadTTL,
     delta_text,
 )
-from backchannel.runtime.storage import ParentGoneError
+from backchannel.runtime.storage import ParentGoneError, read_together
 
 
 @pytest.fixture
@@ -48,6 +49,25 @@ def _checkpoint(thread_id, seq, parent, run_id=None, delta=None):
     delta = {"k": 1} if delta is None else delta
     return CheckpointRow(thread_id, f"c{seq}", parent, seq, run_id, delta, "", {"source": "loop", "step": seq},
                          now_iso())
+
+
+async def test_reads_made_together_answer_both_and_a_failed_first_leaves_no_read_hanging(storage):
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t1", now, now, {"k": 1}))
+    thread, head = await read_together(storage, storage.get_thread("t1"), storage.head_checkpoint("t1"))
+    assert (thread.thread_id, thread.metadata, head) == ("t1", {"k": 1}, None)
+
+    async def failing():
+        raise NotFoundError("gone")
+
+    second = storage.get_thread("t1")
+    with pytest.raises(NotFoundError, match="gone"):
+        await read_together(storage, failing(), second)
+    for _ in range(200):  # at once where reads go one after the other; read to its end where they go together
+        if inspect.getcoroutinestate(second) == inspect.CORO_CLOSED:
+            break
+        await asyncio.sleep(0.01)
+    assert inspect.getcoroutinestate(second) == inspect.CORO_CLOSED  # not left never awaited (a warning at exit)
 
 
 async def test_threads_are_unique_and_searchable(storage):

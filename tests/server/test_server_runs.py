@@ -242,6 +242,16 @@ async def test_stream_responses_carry_location_headers_and_heartbeats(server):
     assert run["status"] == "success"
 
 
+async def test_a_wait_for_a_slow_run_beats_with_newlines_before_its_values(server):
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        thread = (await http.post("/threads", json={})).json()
+        response = await http.post(f"/threads/{thread['thread_id']}/runs/wait",
+                                   json={"assistant_id": "slow", "input": user("hi")})
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.content.startswith(b"\n")  # the server under test beats every 0.2 s; the model call takes 0.4 s
+    assert response.json()["messages"][-1]["content"] == "echo: hi"  # (leading whitespace is valid JSON)
+
+
 async def test_disconnecting_cancels_only_when_asked(server, client):
     thread = await client.threads.create()
     runs = {}

@@ -71,7 +71,7 @@ from backchannel.runtime.run_options import (
     iteration_limit,
     normalize_command,
 )
-from backchannel.runtime.storage import Storage
+from backchannel.runtime.storage import Storage, read_together
 from backchannel.runtime.streams import Batches, Sink, Streams
 from backchannel.runtime.webhooks import check_webhook_url
 from backchannel.runtime.wire import (
@@ -402,7 +402,8 @@ class ThreadsClient:
             values, head = await self._checkpoints.view(thread_id, at, self._registry.reducers_for(row),
                                                         text=stored_json)
         else:  # the thread and its newest checkpoint read together (one round trip on Postgres)
-            row, newest = await asyncio.gather(self.row(thread_id), self._storage.head_checkpoint(thread_id))
+            row, newest = await read_together(self._storage, self.row(thread_id),
+                                              self._storage.head_checkpoint(thread_id))
             values, head = await self._checkpoints.current(thread_id, self._registry.reducers_for(row),
                                                            text=stored_json, head=newest)
         return selected([self._render_state(row, values, head)], select, STATE_FIELDS, "state")[0]
@@ -556,7 +557,8 @@ class RunsClient:
                       watched: bool = False, once: bool = False) -> dict[str, Any]:
         await self._open()
         # The thread is read with the assistant (one round trip where the storage batches a tick's reads).
-        assistant, thread = await asyncio.gather(self._catalog.resolve(assistant_id), self._queue.thread(thread_id))
+        assistant, thread = await read_together(self._storage, self._catalog.resolve(assistant_id),
+                                                self._queue.thread(thread_id))
         run = _checked_run(self._registry, assistant, options, watched=watched, once=once)
         notification = notification_in(run.input) if thread_id is not None and run.command is None else None
         if thread_id is not None and notification is not None:

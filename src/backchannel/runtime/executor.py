@@ -18,7 +18,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import replace
 from typing import Any
 
 from backchannel._clock import now_iso
@@ -34,10 +33,10 @@ from backchannel.runtime.metrics import RunMetrics
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.queue import RunQueue
 from backchannel.runtime.registry import Registry
-from backchannel.runtime.rows import CancelAction, RunClaim, RunEnd, RunRow, RunStatus
+from backchannel.runtime.rows import CancelAction, RunClaim, RunEnd, RunRow, RunStatus, replaced
 from backchannel.runtime.run_options import iteration_limit
 from backchannel.runtime.scheduler import Scheduler
-from backchannel.runtime.storage import ParentGoneError, Storage
+from backchannel.runtime.storage import ParentGoneError, Storage, read_together
 from backchannel.runtime.streams import RunStream, Streams
 from backchannel.runtime.webhooks import post_webhook
 from backchannel.runtime.wire import input_update, render_error, render_run, resume_map
@@ -139,7 +138,7 @@ class Executor:
         # Joiners read how the run ended from its stream, not from storage.
         stream.final_values = values
         if stored is not None:
-            stream.final_row = replace(row, status=stored, error=error, updated_at=now_iso(), usage=_usage(trace))
+            stream.final_row = replaced(row, status=stored, error=error, updated_at=now_iso(), usage=_usage(trace))
         if row.kwargs.get("temporary"):
             with contextlib.suppress(StorageUnavailableError):  # its thread stays, for want of a database
                 await self._drop_temporary(row, stream)
@@ -178,8 +177,8 @@ class Executor:
             self.checkpoints.adopt(row.thread_id, state)
             inbox = await self.mail.open_inbox(row.thread_id, claim, empty=True)
         else:  # read together: one round trip where the storage batches a tick's reads
-            state, inbox = await asyncio.gather(self._load_state(row, reducers),
-                                                self.mail.open_inbox(row.thread_id, claim))
+            state, inbox = await read_together(self.storage, self._load_state(row, reducers),
+                                               self.mail.open_inbox(row.thread_id, claim))
         pending: Mapping[str, Any] = NOTHING
         resuming = blank is None and state.head is not None and state.head.run_id == row.run_id  # after a crash
         if resuming:
@@ -306,7 +305,7 @@ class Executor:
         if recorder is None or recorder.held is None:
             return await self.storage.finish_run(end)
         try:
-            has_mail = await self.storage.finish_run(replace(end, checkpoint=recorder.held))
+            has_mail = await self.storage.finish_run(replaced(end, checkpoint=recorder.held))
         except ParentGoneError:  # its parent's run was deleted meanwhile: the step goes in whole, then the end
             await recorder.flush()
             return await self.storage.finish_run(end)

@@ -321,6 +321,8 @@ def scratch_schema(url: str, prefix: str = "scratch") -> Iterator[str]:
 class PostgresStorage(Storage):
     """Storage in a Postgres database, through a pool of async psycopg connections."""
 
+    batches_reads = True  # (see _fetch)
+
     def __init__(self, url: str, *, max_connections: int = 10) -> None:
         self.url = _psycopg_url(url)
         self.max_connections = max_connections

@@ -17,14 +17,13 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from backchannel._clock import now_iso
 from backchannel._ids import new_id
 from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.peers import Peers
-from backchannel.runtime.rows import TERMINAL, CancelAction, CheckpointRow, RunRow, RunStatus, ThreadRow
+from backchannel.runtime.rows import TERMINAL, CancelAction, CheckpointRow, RunRow, RunStatus, ThreadRow, replaced
 from backchannel.runtime.storage import Notice, RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 
@@ -221,7 +220,7 @@ class Scheduler:
         if not self.claims_on_insert(row, free_thread=free_thread):
             return "pending" if await self.storage.create_run(row, notice=notice) else None
         token = new_id()
-        running = replace(row, status="running", attempts=1, claim=token)
+        running = replaced(row, status="running", attempts=1, claim=token)
         blank = _BlankStart(self._blank_start, running) if self._blank_start else None
         self._unstarted.discard(row.run_id)
         self._inserting.add(row.run_id)

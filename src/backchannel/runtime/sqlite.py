@@ -323,6 +323,24 @@ class _RunningByKey(Mapping[str, int]):
         return len(self._counts)
 
 
+class _Unavailable:
+    """A ``with`` block turning SQLite's "cannot write now" errors into :class:`StorageUnavailableError` (see
+    SQLiteStorage._failed). One per storage, for every block: a generator's context manager costs several times
+    more, in each of a run's writes."""
+
+    __slots__ = ("_storage",)
+
+    def __init__(self, storage: SQLiteStorage) -> None:
+        self._storage = storage
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, trace: Any) -> None:
+        if isinstance(exc, sqlite3.Error) and str(getattr(exc, "sqlite_errorname", "")).startswith(_UNAVAILABLE):
+            raise self._storage._failed(exc) from exc
+
+
 class SQLiteStorage(Storage):
     """Storage in one SQLite database file (or in memory with ``":memory:"``)."""
 
@@ -339,6 +357,7 @@ class SQLiteStorage(Storage):
         self._failure_logged_at = -_LOG_EVERY
         self._refused: StorageUnavailableError | None = None  # the file is gone: no more writes
         self._served: IO[str] | None = None  # the lock this process's server holds on the file
+        self._guard = _Unavailable(self)
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -359,10 +378,13 @@ class SQLiteStorage(Storage):
         db = self.db
         if not db.in_transaction:
             # Another storage of this process on the same file would hold the write lock until its
-            # commit, which waits for this very thread: commit it first.
-            for other in _OPEN.get(self.path, ()):
-                if other is not self:
-                    other._commit()
+            # commit, which waits for this very thread: commit it first. (Looked for only if there is one: a
+            # WeakSet's iteration is a generator of Python calls, at each transaction.)
+            others = _OPEN.get(self.path)
+            if others is not None and len(others) > 1:
+                for other in others:
+                    if other is not self:
+                        other._commit()
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no event loop: autocommit
@@ -405,15 +427,9 @@ class SQLiteStorage(Storage):
             self._waiters.append(waiter)
             await waiter
 
-    @contextmanager
-    def _unavailable(self) -> Iterator[None]:
-        """Turn SQLite's "cannot write now" errors into :class:`StorageUnavailableError`."""
-        try:
-            yield
-        except sqlite3.Error as exc:
-            if not str(getattr(exc, "sqlite_errorname", "")).startswith(_UNAVAILABLE):
-                raise
-            raise self._failed(exc) from exc
+    def _unavailable(self) -> _Unavailable:
+        """A block turning SQLite's "cannot write now" errors into :class:`StorageUnavailableError`."""
+        return self._guard
 
     def _commit(self) -> None:
         db = self._db

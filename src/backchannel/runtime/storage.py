@@ -16,8 +16,9 @@ it in the three backends, and add a case to ``tests/runtime/test_storage.py``
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+import asyncio
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from backchannel.messages import AnyMessage
 from backchannel.runtime.rows import (
@@ -39,7 +40,10 @@ from backchannel.runtime.rows import (
 
 __all__ = ["MISSED", "AssistantStorage", "CheckpointStorage", "Coordinator", "CronStorage", "InboxStorage",
            "ItemStorage", "Notice", "ParentGoneError", "RunStorage", "Storage", "StoredRun", "ThreadStorage",
-           "WorkerStorage", "pick_claims"]
+           "WorkerStorage", "pick_claims", "read_together"]
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 
 class ThreadStorage(Protocol):
@@ -500,6 +504,10 @@ class Storage(ThreadStorage, RunStorage, WorkerStorage, CheckpointStorage, Inbox
               AssistantStorage, Protocol):
     """A storage backend: every kind of row. Methods are async so networked backends fit."""
 
+    # Whether reads made in one tick of the event loop go to the database together (one round trip): then reads
+    # that belong together are made at once (see read_together); else one after the other.
+    batches_reads: bool = False
+
     @abc.abstractmethod
     async def open(self) -> None:
         """Create or migrate the tables; called once before use."""
@@ -552,6 +560,21 @@ class Coordinator(abc.ABC):
     @abc.abstractmethod
     def unsubscribe(self, topic: str) -> None:
         """Undo one :meth:`subscribe` (an unsubscribed topic's messages cost this process nothing)."""
+
+
+async def read_together(storage: Storage, first: Coroutine[Any, Any, A], second: Coroutine[Any, Any, B]) -> tuple[A, B]:
+    """Two reads: at once where the storage batches a tick's reads (one round trip for both), else one after the
+    other: a backend that reads in process answers each without waiting, and a task for each would cost more
+    than the reads (and suspend the caller once more)."""
+    if storage.batches_reads:
+        one, other = await asyncio.gather(first, second)
+        return one, other
+    try:
+        one = await first
+    except BaseException:
+        second.close()  # never started
+        raise
+    return one, await second
 
 
 def pick_claims(candidates: Iterable[RunRow], running_by_key: Mapping[str, int], limit: int) -> list[RunRow]:

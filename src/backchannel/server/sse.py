@@ -222,7 +222,7 @@ class StreamingBody:
             if self.on_disconnect is not None:
                 await self.on_disconnect()
             return
-        await _cancel(watching)
+        watching.cancel()  # it waits for a message that will not come: stopped, not waited for (it sends nothing)
         exc = sending.exception()
         if exc is not None and not isinstance(exc, OSError):
             raise exc
@@ -236,7 +236,7 @@ class StreamingBody:
         # One watchdog for the whole response (heartbeats, a reader too slow): a timer per chunk would
         # cost more than the chunk.
         sender = asyncio.current_task()
-        watchdog = asyncio.ensure_future(self._watch(send, sender))
+        watchdog = self._watchdog(loop, send, sender)
         last = b""
         try:
             async for chunk in chunks:
@@ -252,7 +252,7 @@ class StreamingBody:
                     break
                 self._sending = False
         finally:
-            await _cancel(watchdog)  # before the last message: nothing may follow it
+            await watchdog.stop()  # before the last message: nothing may follow it
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
@@ -266,7 +266,7 @@ class StreamingBody:
         self._context = contextvars.copy_context()  # not the publisher's (middleware in the send's path may care)
         self._turns = _turns_of(loop)
         sender = asyncio.current_task()
-        watchdog = asyncio.ensure_future(self._watch(self._beat, sender))
+        watchdog = self._watchdog(loop, self._beat, sender)
         last = b""
         try:
             chunks.attach(self._push)
@@ -281,7 +281,8 @@ class StreamingBody:
                 sender.uncancel()  # the watchdog's cancel, handled here
                 last = self._too_slow()
         finally:
-            await _cancel(watchdog, chunks.task, *([self._writer] if self._writer is not None else []))
+            await watchdog.stop()
+            await _cancel(chunks.task, *([self._writer] if self._writer is not None else []))
             self._queued = []
             self._corked.clear()
         await send({"type": "http.response.body", "body": last, "more_body": False})
@@ -363,6 +364,12 @@ class StreamingBody:
             "not read was let go; join the run's stream again (with Last-Event-ID, for a resumable run) "
             "to go on")}), with_id=False)
 
+    def _watchdog(self, loop: asyncio.AbstractEventLoop, send: Send, sender: asyncio.Task[Any] | None) -> _Watchdog:
+        """The response's watchdog (:meth:`_watch`), its task started when its first look is due: a response that
+        ends sooner (a short run's wait) has none."""
+        first = self.interval if self.patience is None else min(self.interval, self.patience)
+        return _Watchdog(loop, first, functools.partial(self._watch, send, sender))
+
     async def _watch(self, send: Send, sender: asyncio.Task[Any] | None) -> None:
         """Send a heartbeat whenever ``interval`` seconds pass without a chunk; stop ``sender`` when the
         client leaves a chunk unread for ``patience`` seconds."""
@@ -439,6 +446,26 @@ async def _resume(step: Any, blocked: Any) -> None:
             blocked = step.send(None)
         except StopIteration:
             return
+
+
+class _Watchdog:
+    """A response's watchdog task, started once ``delay`` seconds have passed (its first look would wait that long)."""
+
+    __slots__ = ("_start", "_timer", "_task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, delay: float, start: Callable[[], Awaitable[None]]) -> None:
+        self._start = start
+        self._task: asyncio.Future[None] | None = None
+        self._timer = loop.call_later(delay, self._begin)
+
+    def _begin(self) -> None:
+        self._task = asyncio.ensure_future(self._start())
+
+    async def stop(self) -> None:
+        """Stop it, and wait for its task to end if it started."""
+        self._timer.cancel()
+        if self._task is not None:
+            await _cancel(self._task)
 
 
 async def _cancel(*tasks: asyncio.Future[Any]) -> None:
