@@ -10,9 +10,10 @@ share of updates of ``threads`` and ``runs`` that were HOT (no new index entries
 servers and of their backends (waits: each a wake-up; preempted: the cores were busy), and the statements that
 cost most. The counters are the cluster's: use a cluster of your own, with ``pg_stat_statements`` in
 ``shared_preload_libraries`` (``.ci/run`` starts a throwaway cluster; add the setting to its configuration).
-Usage::
+With ``--past``, each connection continues a thread of its own (made by a second of load before the counted one)
+instead of making a new thread per run: runs on threads with a past, a chat's second and later turns. Usage::
 
-    python bench/pg_per_run.py [--quick] [--json] [--postgres URL]
+    python bench/pg_per_run.py [--quick] [--past] [--json] [--postgres URL]
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def counters(conn: Any, schema: str) -> dict[str, Any]:
     return {"wal": wal, "commits": commits[0], "tables": tables}
 
 
-def measure(postgres: str, count: int, seconds: float) -> dict[str, Any]:
+def measure(postgres: str, count: int, seconds: float, *, past: bool = False) -> dict[str, Any]:
     import psycopg
 
     from backchannel.runtime.postgres import scratch_schema
@@ -85,6 +86,10 @@ def measure(postgres: str, count: int, seconds: float) -> dict[str, Any]:
         started = stack.enter_context(servers(Path(tmp), database.url, count))
         urls, pids = [u for u, _ in started], [p for _, pid in started for p in (pid, *children(pid))]
         warm_up(urls)
+        connections = CONNECTIONS // count
+        key = uuid.uuid4().hex[:6] if past else None  # the same threads in both loads: made by the first
+        if key is not None:
+            wrk_load(wrk, urls, connections, connections, 1.0, past=key)
         with psycopg.connect(postgres, autocommit=True) as conn:
             try:
                 conn.execute("SELECT pg_stat_statements_reset()")
@@ -93,7 +98,7 @@ def measure(postgres: str, count: int, seconds: float) -> dict[str, Any]:
                                  "CREATE EXTENSION pg_stat_statements in the database") from None
             runs, before = database.ended_runs(), counters(conn, schema)
             servers_before, backends_before = switches(pids), switches(database.backends())
-            wrk_load(wrk, urls, 1, CONNECTIONS // count, seconds)
+            wrk_load(wrk, urls, connections if past else 1, connections, seconds, past=key)
             servers_after, backends_after = switches(pids), switches(database.backends())
             time.sleep(STATS_FLUSHED)
             runs, after = database.ended_runs() - runs, counters(conn, schema)
@@ -142,10 +147,12 @@ def render(results: dict[str, Any], out: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(__doc__, "3 seconds of load a configuration, not 6", postgres=True).parse_args(argv)
+    parser = arguments(__doc__, "3 seconds of load a configuration, not 6", postgres=True)
+    parser.add_argument("--past", action="store_true", help="runs on threads with a past (see above)")
+    args = parser.parse_args(argv)
     if not args.postgres:
         raise SystemExit("bench/pg_per_run.py needs --postgres URL or BACKCHANNEL_TEST_POSTGRES")
-    results = {count: measure(args.postgres, count, 3.0 if args.quick else 6.0) for count in COUNTS}
+    results = {count: measure(args.postgres, count, 3.0 if args.quick else 6.0, past=args.past) for count in COUNTS}
     emit_report(results, [render], args.json)
     return 0
 

@@ -307,11 +307,16 @@ local body = '{"assistant_id": "echo", "input": {"messages": [{"role": "user", "
   .. '"if_not_exists": "create"}'
 local headers = {["Content-Type"] = "application/json"}
 local sent = 0
-function setup(thread) thread:set("prefix", string.format("%08x", math.random(0, 0x7fffffff))) end
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("prefix", past or string.format("%08x", math.random(0, 0x7fffffff)))
+  thread:set("n", threads)
+end
 function request()
-  sent = sent + 1  -- a new thread id per run
-  return wrk.format("POST", "/threads/" .. prefix .. "-0000-4000-8000-" .. string.format("%012x", sent) ..
-                    "/runs/wait", headers, body)
+  sent = sent + 1  -- a new thread id per run; with a key for the past, the wrk thread's own thread each time
+  return wrk.format("POST", "/threads/" .. prefix .. "-0000-4000-8000-" .. string.format("%012x", past and n or sent)
+                    .. "/runs/wait", headers, body)
 end
 function done(summary, latency, requests)
   local e = summary.errors
@@ -348,16 +353,20 @@ def parse_wrk(output: str) -> tuple[int, float, dict[str, int]]:
     return int(fields["requests"]), float(fields["seconds"]), failures
 
 
-def wrk_load(wrk: str, urls: list[str], threads: int, connections: int, seconds: float) -> Load:
+def wrk_load(wrk: str, urls: list[str], threads: int, connections: int, seconds: float, *,
+             past: str | None = None) -> Load:
     """One ``wrk`` per URL, all at once, each looping ``WRK_SCRIPT``: answered runs per second, summed, and failures.
 
     Every ``wrk`` gets its own random seed: Lua's generator starts from the same one in every process, so
-    parallel load generators would otherwise send the same thread ids and queue behind each other."""
+    parallel load generators would otherwise send the same thread ids and queue behind each other. With ``past``
+    (six hex digits), each wrk thread (give one connection each) runs on one thread of its own, the same at each
+    call with that key: the second and later turns of a chat, once a call has made them."""
     with ExitStack() as stack:
         loads = []
-        for url in urls:
+        for i, url in enumerate(urls):
             script = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".lua"))
-            script.write(f"math.randomseed({random.getrandbits(31)})\n{WRK_SCRIPT}")
+            key = f'past = "{past}{i:02x}"\n' if past else ""
+            script.write(f"math.randomseed({random.getrandbits(31)})\n{key}{WRK_SCRIPT}")
             script.flush()
             loads.append(subprocess.Popen([wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds:.0f}s",
                                            f"--timeout={WRK_TIMEOUT:.0f}s", "-s", script.name, url],

@@ -10,6 +10,18 @@ from typing import Any
 
 from backchannel import HumanMessage, ScriptedModel, ToolMessage, create_agent, tool
 from backchannel.runtime import LocalRuntime, Storage, open_storage
+from backchannel.runtime.rows import CheckpointWrite
+
+
+class Start:
+    """A run's start as the executor makes one for its claim (a ``RunStart``): the thread's newest checkpoint it
+    expects, and the checkpoint of its input after it."""
+
+    def __init__(self, parent: str | None, write: CheckpointWrite | None) -> None:
+        self.parent, self.write = parent, write
+
+    def __call__(self) -> CheckpointWrite | None:
+        return self.write
 
 
 @asynccontextmanager

@@ -343,12 +343,11 @@ KILLED_AT_THE_END = textwrap.dedent('''
 ''')
 
 
-async def test_a_process_killed_between_a_runs_last_step_and_its_end_leaves_neither_and_the_run_ends_once(tmp_path):
-    """The last step goes in with the run's end (one commit): killed between them, neither is stored, and the next
-    runtime runs that step again, as a step whose write was lost, and records the run's end once."""
+async def _killed_at_its_marker(tmp_path, script: str, db, thread_id: str) -> tuple[int, str]:
+    """Run ``script`` (with :data:`LAST_STEP_AGENT`) on ``db`` and kill it with SIGKILL once it has written its marker
+    (a run's id); returns its pid and that run id."""
     (tmp_path / "last_step_agent.py").write_text(LAST_STEP_AGENT)
-    (tmp_path / "killed.py").write_text(KILLED_AT_THE_END)
-    db, thread_id = tmp_path / "state.db", str(uuid.uuid4())
+    (tmp_path / "killed.py").write_text(script)
     proc = subprocess.Popen([sys.executable, str(tmp_path / "killed.py"), str(tmp_path), str(db), thread_id],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -357,7 +356,25 @@ async def test_a_process_killed_between_a_runs_last_step_and_its_end_leaves_neit
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
-    run_id = (tmp_path / "marker").read_text()
+    return proc.pid, (tmp_path / "marker").read_text()
+
+
+def _last_step_agent(tmp_path):
+    """The agent of :data:`LAST_STEP_AGENT`, as the killed process built it, logging to ``tmp_path``."""
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from last_step_agent import build
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("last_step_agent", None)
+    return build(str(tmp_path))
+
+
+async def test_a_process_killed_between_a_runs_last_step_and_its_end_leaves_neither_and_the_run_ends_once(tmp_path):
+    """The last step goes in with the run's end (one commit): killed between them, neither is stored, and the next
+    runtime runs that step again, as a step whose write was lost, and records the run's end once."""
+    db, thread_id = tmp_path / "state.db", str(uuid.uuid4())
+    pid, run_id = await _killed_at_its_marker(tmp_path, KILLED_AT_THE_END, db, thread_id)
 
     storage = SQLiteStorage(str(db))
     await storage.open()
@@ -366,13 +383,7 @@ async def test_a_process_killed_between_a_runs_last_step_and_its_end_leaves_neit
     assert (stored.metadata["step"], stored.next) == (-1, "before_agent")
     await storage.close()
 
-    sys.path.insert(0, str(tmp_path))
-    try:
-        from last_step_agent import build
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("last_step_agent", None)
-    async with LocalRuntime(store=f"sqlite:///{db}", agents={"agent": build(str(tmp_path))}) as rt:
+    async with LocalRuntime(store=f"sqlite:///{db}", agents={"agent": _last_step_agent(tmp_path)}) as rt:
         values = await asyncio.wait_for(rt.runs.join(thread_id, run_id), 10)
         [run] = await rt.runs.list(thread_id)
         history = await rt.threads.get_history(thread_id)
@@ -381,4 +392,71 @@ async def test_a_process_killed_between_a_runs_last_step_and_its_end_leaves_neit
     assert (run["run_id"], run["status"], thread["status"]) == (run_id, "success", "idle")
     assert [h["metadata"]["step"] for h in reversed(history)] == [-1, 0]
     calls = (tmp_path / "model.log").read_text().split()
-    assert calls == [str(proc.pid), str(os.getpid())]  # the step the dead process did, done again here
+    assert calls == [str(pid), str(os.getpid())]  # the step the dead process did, done again here
+
+
+KILLED_AFTER_THE_CLAIM = textwrap.dedent('''
+    import asyncio
+    import os
+    import sys
+    import time
+
+    sys.path.insert(0, sys.argv[1])
+    from last_step_agent import build
+
+    from backchannel.runtime import LocalRuntime
+    from backchannel.runtime.sqlite import SQLiteStorage
+
+    workdir, db, thread_id = sys.argv[1:4]
+    create_claimed_run = SQLiteStorage.create_claimed_run
+
+
+    async def stalled_create_claimed_run(self, row, claim, **kwargs):
+        # The thread's second run is stored and claimed: the process dies before the run takes its first step.
+        stored = await create_claimed_run(self, row, claim, **kwargs)
+        if row.kwargs["input"]["messages"][0]["content"] == "again":
+            with open(os.path.join(workdir, "marker.tmp"), "w") as f:
+                f.write(row.run_id)
+            os.replace(os.path.join(workdir, "marker.tmp"), os.path.join(workdir, "marker"))
+            time.sleep(60)
+        return stored
+
+
+    SQLiteStorage.create_claimed_run = stalled_create_claimed_run
+
+
+    async def main():
+        async with LocalRuntime(store=f"sqlite:///{db}", agents={"agent": build(workdir)}) as rt:
+            for content in ("hi", "again"):
+                await rt.runs.wait(thread_id, "agent", input={"messages": [{"role": "user", "content": content}]},
+                                   if_not_exists="create")
+            await asyncio.sleep(3600)
+
+
+    asyncio.run(main())
+''')
+
+
+async def test_a_process_killed_after_a_runs_claim_on_a_thread_with_a_past_leaves_its_input_and_runs_it_once(tmp_path):
+    """A run on a thread with a past is claimed in the commit that stores its input: killed right after it, the
+    run and its input are both stored, and the next runtime runs it once, from that input, not written again."""
+    db, thread_id = tmp_path / "state.db", str(uuid.uuid4())
+    pid, run_id = await _killed_at_its_marker(tmp_path, KILLED_AFTER_THE_CLAIM, db, thread_id)
+
+    storage = SQLiteStorage(str(db))
+    await storage.open()
+    assert (await storage.get_run(run_id)).status == "running"
+    head = await storage.head_checkpoint(thread_id)  # the run's input, stored with its claim
+    assert (head.run_id, head.metadata["step"], head.next) == (run_id, 1, "before_agent")
+    await storage.close()
+
+    async with LocalRuntime(store=f"sqlite:///{db}", agents={"agent": _last_step_agent(tmp_path)}) as rt:
+        values = await asyncio.wait_for(rt.runs.join(thread_id, run_id), 10)
+        runs = await rt.runs.list(thread_id)
+        history = await rt.threads.get_history(thread_id)
+    assert [m["content"] for m in values["messages"]] == ["hi", "the answer", "again", "the answer"]
+    assert [(r["run_id"] == run_id, r["status"]) for r in runs] == [(True, "success"), (False, "success")]
+    assert [(h["metadata"]["source"], h["metadata"]["step"]) for h in reversed(history)] == [
+        ("input", -1), ("loop", 0), ("input", 1), ("loop", 2)]
+    calls = (tmp_path / "model.log").read_text().split()
+    assert calls == [str(pid), str(os.getpid())]  # the first run's step there, the second's here

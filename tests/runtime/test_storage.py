@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
-from runtime_helpers import opened_storage
+from runtime_helpers import Start, opened_storage
 
 from backchannel._clock import now_iso
 from backchannel.errors import LostRunError, NotFoundError
@@ -389,6 +389,58 @@ async def test_a_runs_end_writes_its_last_step_with_it_or_nothing(storage):
     assert (await storage.head_checkpoint("t")).checkpoint_id == "c2"
     bases = await storage.checkpoint_bases("t", 2)
     assert bases == [] or [b.checkpoint_id for b in bases] == ["c2"]  # a backend may keep none (memory)
+
+
+async def test_a_run_claimed_as_it_is_stored_writes_its_input_with_its_claim_or_nothing(storage, store_url):
+    """A run on a thread with a past, claimed in the write that stores it (where the backend claims so), writes the
+    checkpoint of its input in that write: both or neither, only on the thread as its start expects it (its newest
+    checkpoint the input's parent, no mail waiting), never when the run is not claimed there. SQLite looks at a
+    thread that exists in that write; Postgres does not (it would make the start before its one statement)."""
+    now = now_iso()
+    for thread_id in ("t", "moved", "mailed", "taken"):
+        await storage.create_thread(ThreadRow(thread_id, now, now, status="busy"))
+        await storage.put_checkpoint(_checkpoint(thread_id, 1, None, run_id="earlier"))
+    await storage.put_checkpoint(_checkpoint("moved", 2, "c1", run_id="elsewhere"))  # written meanwhile
+    await storage.put_inbox("mailed", "k1", HumanMessage("note", id="m1"), now)
+    await storage.create_run(_run("taken"))
+    [other] = await storage.claim_runs("w1", 1, now_iso())
+
+    def start(row, seq=2, base=None):
+        return Start("c1", CheckpointWrite(_checkpoint(row.thread_id, seq, "c1", run_id=row.run_id), parent_seq=1,
+                                            base=base))
+
+    def input_of(row, seq=2):
+        return storage.get_checkpoint(row.thread_id, f"c{seq}")
+
+    row = _run("t")
+    base = CheckpointBase("t", "c2", 2, None, '{"type":"human","content":"hi"}', "{}")
+    stored = await storage.create_claimed_run(row, "claim", start=start(row, base=base))
+    written = await input_of(row)
+    assert stored.known == (written is not None)  # both or neither
+    assert stored.status == ("running" if storage.claims_on_insert else "pending")
+    assert stored.known == store_url.startswith("sqlite")
+    if stored.known:
+        assert (written.run_id, written.parent_id) == (row.run_id, "c1")
+        assert (await storage.head_checkpoint("t")).checkpoint_id == "c2"
+        run = await storage.get_run(row.run_id)
+        assert (run.status, run.claim, run.attempts) == ("running", "claim", 1)
+        assert [b.checkpoint_id for b in await storage.checkpoint_bases("t", 2)] == ["c2"]
+    # the thread moved past the start's parent, or mail waits for it: the run reads it; nothing of its start written
+    for thread_id, seq in (("moved", 3), ("mailed", 2)):
+        row = _run(thread_id)
+        stored = await storage.create_claimed_run(row, "claim", start=start(row, seq))
+        assert not stored.known
+        assert await input_of(row, seq) is None
+        assert stored.status == ("running" if storage.claims_on_insert else "pending")
+    # not claimed (another run of the thread runs): pending, its input not written
+    row = _run("taken")
+    assert await storage.create_claimed_run(row, "claim", start=start(row)) == ("pending", False)
+    assert await input_of(row) is None
+    assert (await storage.get_run(other.run_id)).status == "running"
+    # its thread gone: nothing stored
+    row = _run("gone")
+    assert await storage.create_claimed_run(row, "claim", start=start(row)) is None
+    assert await storage.list_checkpoints("gone") == []
 
 
 async def test_claims_count_attempts_and_a_release_gives_its_attempt_back(storage):

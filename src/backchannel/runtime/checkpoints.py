@@ -127,6 +127,12 @@ class Checkpointer:
         """The state of a thread known to have no checkpoint yet (made a moment ago), without a read."""
         return ThreadState(empty_state(), None, newest=True)
 
+    def held(self, thread_id: str) -> ThreadState | None:
+        """The thread's newest state as this process holds it, without a read (``None``: none held): storage may
+        have moved past it since (another process's writes), or not have its head yet (a write not made)."""
+        state = self._latest.get(thread_id)
+        return state if state is not None and state.newest else None
+
     async def at(self, thread_id: str, checkpoint_id: str, reducers: Mapping[str, Reducer], *,
                  seq: int | None = None) -> ThreadState:
         """The thread's state at ``checkpoint_id`` (a fresh copy, folded from its nearest base and the deltas since,
@@ -307,24 +313,39 @@ class Checkpointer:
         """The checkpoint recording ``update`` after ``state.head``, made ``state``'s head (``apply`` merges the
         update into it), for :meth:`put` or a run's end to write. Until it is written the state is not the thread's
         as storage has it: reads compare the cached state's head with storage's, so none takes it for stored."""
+        seq = state.seq + 1
+        if not state.newest:  # a fork from an earlier checkpoint: append after the newest
+            newest = await self.storage.head_checkpoint(thread_id)
+            seq = max(seq, newest.seq + 1) if newest is not None else seq
+        write = self._prepare(thread_id, state, update, seq, next_stage=next_stage, source=source, run_id=run_id,
+                              step=step, reducers=reducers, apply=apply)
+        self._remember(thread_id, state)
+        return write
+
+    def prepare_next(self, thread_id: str, state: ThreadState, update: Mapping[str, Any], *, next_stage: str,
+                     source: str, run_id: str, step: int, reducers: Mapping[str, Reducer]) -> CheckpointWrite:
+        """:meth:`prepare` on a state known to be the thread's newest (:meth:`held`, :meth:`blank`), without a read,
+        for a write that checks it is (a run's claim writing its input): the state is cached by whoever uses it once
+        that write went in (:meth:`adopt`); a cached one that did not stays cached with its head unwritten, which
+        no read takes for stored."""
+        return self._prepare(thread_id, state, update, state.seq + 1, next_stage=next_stage, source=source,
+                             run_id=run_id, step=step, reducers=reducers, apply=True)
+
+    def _prepare(self, thread_id: str, state: ThreadState, update: Mapping[str, Any], seq: int, *, next_stage: str,
+                 source: str, run_id: str | None, step: int, reducers: Mapping[str, Reducer],
+                 apply: bool) -> CheckpointWrite:
         # The messages before the step: counted now, or when the state was at its head (the caller merged it).
         before = (len(state.values.get("messages") or ()) if apply else
                   0 if state.head is None else state.counts.get(state.head.checkpoint_id))
         if apply:
             apply_update(state.values, update, reducers)
-        seq = state.seq + 1
         fork = not state.newest
-        if fork:
-            # A fork from an earlier checkpoint: append after the newest.
-            newest = await self.storage.head_checkpoint(thread_id)
-            seq = max(seq, newest.seq + 1) if newest is not None else seq
         parent = state.head
         row, written = self._next_row(thread_id, state, update, seq, next_stage=next_stage, source=source,
                                       run_id=run_id, step=step)
         appends = _appends(update, before, state.values)
         base = None if row.whole else self._base_if_due(state, row, appends, fork, written)
         _advance(state, row, base, update, written)
-        self._remember(thread_id, state)
         return CheckpointWrite(row, None if row.whole or parent is None else parent.seq, base)
 
     async def put(self, state: ThreadState, write: CheckpointWrite, claim: RunClaim | None = None) -> None:
@@ -335,21 +356,6 @@ class Checkpointer:
             row.delta, row.whole = _whole_delta(state), True
             _advance(state, row, None, {}, None)
             await self.storage.put_checkpoint(row, claim)
-
-    def first(self, thread_id: str, update: Mapping[str, Any], *, next_stage: str, source: str, run_id: str,
-              step: int, reducers: Mapping[str, Reducer]) -> ThreadState | None:
-        """The state of a thread with no checkpoint after ``update``, with the checkpoint that records it as its
-        head, for the caller to write (not cached here: see :meth:`adopt`); ``None`` if that checkpoint is to be
-        written with a base (:meth:`write` writes it)."""
-        state = ThreadState(empty_state(), None, newest=True)
-        apply_update(state.values, update, reducers)
-        row, written = self._next_row(thread_id, state, update, 1, next_stage=next_stage, source=source,
-                                      run_id=run_id, step=step)
-        if not row.whole and self._base_if_due(state, row, _appends(update, 0, state.values), False,
-                                               written) is not None:
-            return None
-        _advance(state, row, None, update, written)
-        return state
 
     def adopt(self, thread_id: str, state: ThreadState) -> None:
         """Cache ``state`` as the thread's newest (its head was written by the caller)."""

@@ -33,9 +33,9 @@ from backchannel.runtime.metrics import RunMetrics
 from backchannel.runtime.peers import Peers
 from backchannel.runtime.queue import RunQueue
 from backchannel.runtime.registry import Registry
-from backchannel.runtime.rows import CancelAction, RunClaim, RunEnd, RunRow, RunStatus, replaced
+from backchannel.runtime.rows import CancelAction, CheckpointWrite, RunClaim, RunEnd, RunRow, RunStatus, replaced
 from backchannel.runtime.run_options import iteration_limit
-from backchannel.runtime.scheduler import Scheduler
+from backchannel.runtime.scheduler import KnownStart, Scheduler
 from backchannel.runtime.storage import ParentGoneError, Storage, read_together
 from backchannel.runtime.streams import RunStream, Streams
 from backchannel.runtime.webhooks import post_webhook
@@ -75,9 +75,9 @@ class Executor:
         self._spawn = spawn
         self._is_open = is_open
 
-    async def execute(self, row: RunRow, stream: RunStream, *, blank: ThreadState | None = None) -> None:
-        """Run ``row`` to its end (the scheduler's task for it). ``blank``: its thread was made with it (no mail),
-        and this is its state, as :meth:`blank_start` made it and the run's claim wrote it; nothing is read."""
+    async def execute(self, row: RunRow, stream: RunStream, *, known: ThreadState | None = None) -> None:
+        """Run ``row`` to its end (the scheduler's task for it). ``known``: its claim found its thread at this state
+        (no mail), as :meth:`start` made it and the claim wrote it; nothing is read."""
         started = time.monotonic()
         status: RunStatus = "error"
         error: dict[str, Any] | None = None
@@ -95,7 +95,7 @@ class Executor:
                     raise RunAttemptsError(row.attempts - 1)
                 # The agent's run is awaited here, not in a helper: each frame under a run stays suspended as
                 # long as it (a thousand background subagents hold a thousand of each).
-                state, ctx, recorder, stage = await self._ready(row, agent, stream, trace, blank)
+                state, ctx, recorder, stage = await self._ready(row, agent, stream, trace, known)
                 if ctx is None:  # nothing to run (a run resumed after its last step still ends: on_end)
                     result = RunResult("success", state.values)
                 else:
@@ -165,27 +165,28 @@ class Executor:
             payload["error"] = render_error(error)
         self._spawn(post_webhook(row.kwargs["webhook"], payload))
 
-    async def _ready(self, row: RunRow, agent: Agent, stream: RunStream, trace: Trace, blank: ThreadState | None
+    async def _ready(self, row: RunRow, agent: Agent, stream: RunStream, trace: Trace, known: ThreadState | None
                      ) -> tuple[ThreadState, RunContext | None, Recorder | None, str]:
         """The run's state, its context with its recorder, and the stage it starts at (no context: it has nothing
         to run)."""
         kwargs = row.kwargs
         reducers = agent.state_reducers()
         claim = _claim_of(row)
-        if blank is not None:
-            state = blank
+        if known is not None:
+            state = known
             self.checkpoints.adopt(row.thread_id, state)
             inbox = await self.mail.open_inbox(row.thread_id, claim, empty=True)
         else:  # read together: one round trip where the storage batches a tick's reads
             state, inbox = await read_together(self.storage, self._load_state(row, reducers),
                                                self.mail.open_inbox(row.thread_id, claim))
         pending: Mapping[str, Any] = NOTHING
-        resuming = blank is None and state.head is not None and state.head.run_id == row.run_id  # after a crash
+        own = state.head is not None and state.head.run_id == row.run_id
+        resuming = known is None and own  # after a crash
         if resuming:
             stored = await self.storage.pending_writes(row.thread_id)
             pending = {call_id: _decode_pending(value) for call_id, value in stored.items()}
         resume: Mapping[str, Any] = NOTHING
-        if blank is not None and blank.head is not None:  # its input, written with its claim
+        if known is not None and own:  # its input, written with its claim
             stage = "before_agent"
             self._show_input(row, state, stream, agent)
         else:
@@ -230,7 +231,7 @@ class Executor:
         resume = resume or NOTHING
         if state.head is not None and state.head.run_id == row.run_id:
             return state.next_stage, resume  # this run was interrupted by a crash: continue it
-        step = state.head.metadata.get("step", -1) if state.head else -2  # a thread's first input is step -1
+        step = _step_of(state)
         if command.get("update") is not None:
             await self.checkpoints.write(row.thread_id, state, command["update"], next_stage=state.next_stage,
                                          claim=_claim_of(row),
@@ -244,31 +245,35 @@ class Executor:
             return "before_agent", resume
         if kwargs.get("input") is None:
             return state.next_stage, resume
-        update = input_update(kwargs["input"])
-        cancelled = _cancelled_tool_results(state.values["messages"])
-        if cancelled:
-            update["messages"] = [*cancelled, *update.get("messages", ())]
-        await self.checkpoints.write(row.thread_id, state, update, next_stage="before_agent", source="input",
-                                     claim=_claim_of(row),
+        await self.checkpoints.write(row.thread_id, state, _input_update(kwargs, state), next_stage="before_agent",
+                                     source="input", claim=_claim_of(row),
                                      run_id=row.run_id, step=step + 1, reducers=reducers)
         self._show_input(row, state, stream, agent)
         return "before_agent", resume
 
-    def blank_start(self, row: RunRow) -> ThreadState:
-        """The state a run starts from on a thread made with it: its input applied, with the checkpoint that
-        records it as its head, for its claim to write (no head: the run writes what it has to itself)."""
+    def start(self, row: RunRow) -> KnownStart | None:
+        """How a run claimed as it is stored may start without reading its thread: from the thread's newest state as
+        this process holds it (a blank one where it holds none), with its input applied for its claim to write where
+        it finds the thread at that state (``None``: the run reads its thread; it starts from a checkpoint it names).
+        """
+        if row.kwargs.get("checkpoint_id") or self.registry.agent_of_run(row) is None:
+            return None
+        return KnownStart(self.checkpoints.held(row.thread_id) or self.checkpoints.blank(), self._input_write, row)
+
+    def _input_write(self, row: RunRow, state: ThreadState) -> CheckpointWrite | None:
+        """The checkpoint of the run's input after ``state``, applied to it (``None``: the run writes what it has to
+        itself, as :meth:`_prepare` does: a command, a wake-up, no input). Raises what applying it raised."""
         kwargs = row.kwargs
         agent = self.registry.agent_of_run(row)
-        if agent is None or kwargs.get("input") is None or kwargs.get("command") or kwargs.get("wake") \
-                or kwargs.get("checkpoint_id"):
-            return self.checkpoints.blank()
+        if agent is None or kwargs.get("input") is None or kwargs.get("command") or kwargs.get("wake"):
+            return None
         try:
-            update = input_update(kwargs["input"])
-        except Exception:  # the run fails on it as it starts, as any run would
-            return self.checkpoints.blank()
-        return self.checkpoints.first(row.thread_id, update, next_stage="before_agent", source="input",
-                                      run_id=row.run_id, step=-1, reducers=agent.state_reducers()) \
-            or self.checkpoints.blank()
+            return self.checkpoints.prepare_next(row.thread_id, state, _input_update(kwargs, state),
+                                                 next_stage="before_agent", source="input", run_id=row.run_id,
+                                                 step=_step_of(state) + 1, reducers=agent.state_reducers())
+        except Exception:
+            self.checkpoints.forget(row.thread_id)  # its state may hold part of the input: the run reads it again
+            raise
 
     def _show_input(self, row: RunRow, state: ThreadState, stream: RunStream, agent: Agent) -> None:
         """The state with the run's input applied goes to the run's stream (if it shows values)."""
@@ -291,13 +296,15 @@ class Executor:
         if state.head is not None and state.head.next != stage:
             checkpoint_next = (state.head.checkpoint_id, stage)
             state.head.next = stage
+        # Taken before the end is recorded: once it is, the thread's next run may apply its input to this state.
+        values = snapshot(result.state)
         # As in LangGraph, a run that paused for a human succeeded: the thread is what waits
         # ("interrupted"). A run's own "interrupted" status means it was cancelled.
         has_mail = await self._finish_run(RunEnd(
             row.run_id, row.thread_id, "success", "interrupted" if status == "interrupted" else "idle", now_iso(),
             interrupts=interrupts, checkpoint_next=checkpoint_next, usage=_usage(trace), spans=_spans(trace),
             claim=row.claim), recorder)
-        return status, snapshot(result.state), has_mail
+        return status, values, has_mail
 
     async def _finish_run(self, end: RunEnd, recorder: Recorder | None) -> bool:
         """Record a run's end, with its last step if the recorder holds it (one transaction); returns whether mail
@@ -392,6 +399,21 @@ def _usage(trace: Trace) -> dict[str, Any] | None:
 def _spans(trace: Trace) -> list[dict[str, Any]] | None:
     """A run's spans as storage keeps them: the first :data:`SPANS_KEPT` (its runs first)."""
     return trace.span_dicts()[:SPANS_KEPT] if trace.runs else None
+
+
+def _step_of(state: ThreadState) -> int:
+    """The step of the state's head (a thread's first input is step -1)."""
+    return state.head.metadata.get("step", -1) if state.head else -2
+
+
+def _input_update(kwargs: Mapping[str, Any], state: ThreadState) -> dict[str, Any]:
+    """A run's input as the update its checkpoint records after ``state``: with results for the tool calls a
+    cancelled run left unanswered there."""
+    update = input_update(kwargs["input"])
+    cancelled = _cancelled_tool_results(state.values["messages"])
+    if cancelled:
+        update["messages"] = [*cancelled, *update.get("messages", ())]
+    return update
 
 
 def _claim_of(row: RunRow) -> RunClaim | None:

@@ -46,7 +46,7 @@ from backchannel.runtime.recovery import Recovery
 from backchannel.runtime.registry import Registry
 from backchannel.runtime.retention import Retention, StoreTTLConfig, ThreadTTLConfig
 from backchannel.runtime.rows import CronRow, RunRow
-from backchannel.runtime.scheduler import Scheduler
+from backchannel.runtime.scheduler import KnownStart, Scheduler
 from backchannel.runtime.storage import Storage
 from backchannel.runtime.streams import RunStream, Streams
 from backchannel.runtime.threadlog import ThreadLogs
@@ -98,7 +98,7 @@ class LocalRuntime:
                                    clock=clock)
         self.scheduler = Scheduler(self.storage, self.streams, self.peers, worker_id=self.worker_id,
                                    max_concurrency=max_concurrency, execute=self._execute,
-                                   blank_start=self._blank_start, sweep=self.retention.sweep,
+                                   start=self._known_start, sweep=self.retention.sweep,
                                    sweep_interval=self.retention.sweep_interval)
         self.queue = RunQueue(self.storage, self.streams, self.scheduler, self.peers, self.checkpoints,
                               self.registry, worker_id=self.worker_id)
@@ -220,13 +220,13 @@ class LocalRuntime:
         """The stream of a run another process executes, fed by it (``None`` when no other process could)."""
         return self.peers.follow(row, values) if self.peers.shared else None
 
-    def _execute(self, row: RunRow, stream: RunStream, blank: ThreadState | None) -> Coroutine[Any, Any, None]:
+    def _execute(self, row: RunRow, stream: RunStream, known: ThreadState | None) -> Coroutine[Any, Any, None]:
         # The scheduler is made before the executor (which uses it): it starts runs through here (a plain
         # function: a coroutine here would stay suspended as long as the run).
-        return self.executor.execute(row, stream, blank=blank)
+        return self.executor.execute(row, stream, known=known)
 
-    def _blank_start(self, row: RunRow) -> ThreadState:
-        return self.executor.blank_start(row)
+    def _known_start(self, row: RunRow) -> KnownStart | None:
+        return self.executor.start(row)
 
     # -- runs seen from inside this process ------------------------------------------
 

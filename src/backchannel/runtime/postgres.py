@@ -82,7 +82,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import MISSED, Coordinator, Notice, ParentGoneError, Storage, StoredRun
+from backchannel.runtime.storage import MISSED, Coordinator, Notice, ParentGoneError, RunStart, Storage, StoredRun
 from backchannel.serde import dumps
 
 __all__ = ["PostgresCoordinator", "PostgresStorage", "scratch_schema"]
@@ -663,8 +663,7 @@ class PostgresStorage(Storage):
         return bool(found and found[0])
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: Callable[[], CheckpointRow | None] | None = None,
-                                 notice: Notice | None = None) -> StoredRun | None:
+                                 start: RunStart | None = None, notice: Notice | None = None) -> StoredRun | None:
         # Queued with the tick's other writes: no claim transaction of its own. On a thread that exists, running
         # only if it is busy (as this run's writes made it, earlier in the batch) with no other run, and its claim
         # lock is free (no claim of it under way); a run made running elsewhere meanwhile makes the insert
@@ -674,30 +673,37 @@ class PostgresStorage(Storage):
         # deletion took its checkpoints; looked at all the same), so its run is claimed, with its first checkpoint;
         # one made meanwhile by another request is made busy here instead, and its run goes pending.
         running = replace(row, status="running", attempts=1, claim=claim)
-        # The run's pending insert takes the claimed one's values but those the claim sets: 40 parameters at most,
+        # The run's pending insert takes the claimed one's values but those the claim sets: 48 parameters at most,
         # under psycopg's limit for caching a statement's parsing (50; it parsed this one at every run).
         params: dict[str, Any] = {"thread": row.thread_id, "lock": _THREAD_LOCK,
                                   **{f"r{i}": v for i, v in enumerate(run_values(running))},
                                   **{f"p{i}": getattr(row, column) for i, column in _CLAIMED}}
         if thread is not None:
             params.update({f"t{i}": v for i, v in enumerate(thread_values(thread))})
-        # The thread's first checkpoint, only with the run claimed (and its thread made here).
-        head = first() if first is not None and thread is not None else None
-        written = checkpoint_values(head) if head is not None else ()
-        params.update({f"c{i}": v for i, v in enumerate(written)})
+        # The run's first checkpoint, only on a thread made here (with the run claimed). A thread that exists is not
+        # looked at: its start would be made before the statement, on the state this process holds, which a run of
+        # the thread executing here (or another start) may share, and changed whether or not it is written.
+        written = start() if start is not None and thread is not None and start.parent is None else None
+        if written is not None:
+            params.update({f"c{i}": v for i, v in enumerate(checkpoint_values(written.row))})
+            if written.base is not None:
+                params.update({f"b{i}": v for i, v in enumerate(base_values(written.base))})
         if notice is not None:
             params["nc"], params["np"] = notice
-        found = await self._write_one(_claim_on_insert(thread is not None, bool(written), notice is not None), params)
+        found = await self._write_one(_claim_on_insert(thread is not None, written is not None,
+                                                       written is not None and written.base is not None,
+                                                       notice is not None), params)
         if thread is not None and found and not any(found):
             # Made by another request whose commit this statement waited for: not in the statement's view, so
             # the run goes in after it, as on any thread that exists.
             stored, _ = await asyncio.gather(self.create_run(row, notice=notice), self.update_thread(
                 thread.thread_id, status="busy", metadata=thread.metadata, updated_at=thread.updated_at))
-            return StoredRun("pending", blank=False) if stored else None
+            return StoredRun("pending", known=False) if stored else None
         if not found or not (found[0] or found[1]):
             return None
         # Claimed on a thread that exists only where it was busy with no other run: not looked at for being blank.
-        return StoredRun("running", blank=thread is not None) if found[0] else StoredRun("pending", blank=False)
+        return StoredRun("running", known=thread is not None and start is not None and start.parent is None) \
+            if found[0] else StoredRun("pending", known=False)
 
     async def get_run(self, run_id: str) -> RunRow | None:
         found = await self._one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s", (run_id,))
@@ -1587,10 +1593,10 @@ async def _lock_claims(conn: AsyncConnection, candidates: list[RunRow]) -> list[
 
 
 @functools.cache  # made for every run: its text once
-def _claim_on_insert(made: bool, written: bool, notified: bool) -> str:
+def _claim_on_insert(made: bool, written: bool, based: bool, notified: bool) -> str:
     """The statement of :meth:`PostgresStorage.create_claimed_run`: on a thread that exists, or that it ``made``
-    (then with the run's first checkpoint if ``written``); sending a notice (``%(nc)s``, ``%(np)s``) if
-    ``notified`` and the run is stored."""
+    (then with the run's first checkpoint if ``written``, and its base if ``based``); sending a notice (``%(nc)s``,
+    ``%(np)s``) if ``notified`` and the run is stored."""
     existing = "SELECT 1 FROM threads WHERE thread_id = %(thread)s"
     lock = "pg_try_advisory_xact_lock(%(lock)s, hashtext(%(thread)s))"
     if not made:
@@ -1603,8 +1609,10 @@ def _claim_on_insert(made: bool, written: bool, notified: bool) -> str:
         free = (f"EXISTS (SELECT 1 FROM t) AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %(thread)s) "
                 f"AND NOT EXISTS (SELECT 1 FROM inbox WHERE thread_id = %(thread)s) AND {lock}")  # left by none
         there = f"(EXISTS (SELECT 1 FROM t) OR EXISTS ({existing} FOR SHARE))"
-    first = (f"c AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {_named('c', 10)} FROM i), "
+    first = (f"c AS (INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) SELECT {_named('c', 10)} FROM i RETURNING 1), "
              if written else "")
+    if based:
+        first += f"cb AS (INSERT INTO checkpoint_bases ({BASE_COLUMNS}) SELECT {_named('b', 6)} FROM c), "
     busy = (", u AS (UPDATE threads SET status = 'busy', metadata = %(t3)s::jsonb, updated_at = %(t2)s "
             "WHERE thread_id = %(thread)s AND NOT EXISTS (SELECT 1 FROM t) AND EXISTS (SELECT 1 FROM p))"
             if made else "")

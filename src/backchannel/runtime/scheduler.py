@@ -23,14 +23,14 @@ from backchannel._clock import now_iso
 from backchannel._ids import new_id
 from backchannel.errors import StorageUnavailableError
 from backchannel.runtime.peers import Peers
-from backchannel.runtime.rows import TERMINAL, CancelAction, CheckpointRow, RunRow, RunStatus, ThreadRow, replaced
+from backchannel.runtime.rows import TERMINAL, CancelAction, CheckpointWrite, RunRow, RunStatus, ThreadRow, replaced
 from backchannel.runtime.storage import Notice, RunStorage
 from backchannel.runtime.streams import RunStream, Streams
 
 if TYPE_CHECKING:
     from backchannel.runtime.checkpoints import ThreadState
 
-__all__ = ["Scheduler"]
+__all__ = ["KnownStart", "Scheduler"]
 
 logger = logging.getLogger("backchannel")
 
@@ -48,7 +48,7 @@ class Scheduler:
     def __init__(self, storage: RunStorage, streams: Streams, peers: Peers, *, worker_id: str,
                  max_concurrency: int,
                  execute: Callable[[RunRow, RunStream, ThreadState | None], Coroutine[Any, Any, None]],
-                 blank_start: Callable[[RunRow], ThreadState] | None = None,
+                 start: Callable[[RunRow], KnownStart | None] | None = None,
                  sweep: Callable[[], Coroutine[Any, Any, object]] | None = None, sweep_interval: float = 300.0) -> None:
         self.storage = storage
         self.streams = streams
@@ -56,7 +56,7 @@ class Scheduler:
         self.worker_id = worker_id
         self.max_concurrency = max_concurrency
         self._execute = execute
-        self._blank_start = blank_start  # the state a run on a thread made with it starts from (see store)
+        self._known_start = start  # how a run claimed as it is stored may start without a read (see store)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._contexts: dict[str, contextvars.Context] = {}
         self._cancel_actions: dict[str, CancelAction] = {}
@@ -214,21 +214,22 @@ class Scheduler:
         now, with a slot free, it is claimed in the same write where the storage can, and started: ``"running"``.
         Else it waits for a claim (the caller kicks the scheduler once it may start): ``"pending"``. ``None``:
         not stored, its thread is gone. Where it is claimed so (:meth:`claims_on_insert`), ``new_thread`` is made
-        in the same write; on a thread found blank there (made there, or where the storage looks, one with no
-        checkpoint and no mail) the run starts from its input without reading the thread, and the checkpoint of
-        its input is written with it. A ``notice`` is sent with the run's insert (see :class:`Notice`)."""
+        in the same write; on a thread found there as this process holds it (its newest checkpoint the one of the
+        state held, or none on a blank thread, and no mail) the run starts from that state without reading the
+        thread, and the checkpoint of its input is written with it. A ``notice`` is sent with the run's insert
+        (see :class:`Notice`)."""
         if not self.claims_on_insert(row, free_thread=free_thread):
             return "pending" if await self.storage.create_run(row, notice=notice) else None
         token = new_id()
         running = replaced(row, status="running", attempts=1, claim=token)
-        blank = _BlankStart(self._blank_start, running) if self._blank_start else None
+        start = self._known_start(running) if self._known_start else None
         self._unstarted.discard(row.run_id)
         self._inserting.add(row.run_id)
         claiming = asyncio.Event()
         self._claims.add(claiming)
         try:
             stored = await self.storage.create_claimed_run(row, token, thread=new_thread,
-                                                           first=blank, notice=notice)
+                                                           start=start, notice=notice)
         except StorageUnavailableError:
             # Its commit may have happened all the same: the run then starts once the database answers.
             self._inserting.discard(row.run_id)
@@ -239,7 +240,7 @@ class Scheduler:
             claiming.set()
         if stored is not None and stored.status == "running":
             self._inserting.discard(row.run_id)
-            self._start(running, blank=blank.state if stored.blank and blank is not None else None)
+            self._start(running, known=start.state if stored.known and start is not None else None)
         elif row.run_id in self._inserting:  # not cancelled meanwhile
             self._inserting.discard(row.run_id)
             if stored is not None:  # it waits for a claim
@@ -286,32 +287,42 @@ class Scheduler:
             stream.finish("interrupted")
         self.streams.retire(stream)
 
-    def _start(self, row: RunRow, *, blank: ThreadState | None = None) -> None:
-        """Start executing a run claimed here (``blank``: on a thread with no mail, from this state, written)."""
+    def _start(self, row: RunRow, *, known: ThreadState | None = None) -> None:
+        """Start executing a run claimed here (``known``: from this state, its thread's as its claim found it)."""
         stream = self.streams.get(row.run_id) or self.streams.new(row)
         self._unstarted.discard(row.run_id)
         context = self._contexts.pop(row.run_id, None) or contextvars.copy_context()
-        task = asyncio.create_task(self._execute(row, stream, blank), context=context)
+        task = asyncio.create_task(self._execute(row, stream, known), context=context)
         self._tasks[row.run_id] = task
         self.peers.run_started(row, stream)
         if row.run_id in self._cancel_actions:  # cancelled while it was being claimed
             _cancel(task)
 
 
-class _BlankStart:
-    """The state a run starts from on a blank thread: made when the storage, inside the run's insert, finds
-    its thread blank (it calls this), and kept for the run only if the storage says that write went in."""
+class KnownStart:
+    """How a run claimed as it is stored may start without reading its thread (a :class:`RunStart`): from
+    ``state``, the thread's newest as this process holds it (a blank one where it holds none), with its input
+    applied when the storage, inside the run's insert, finds the thread at that state (it calls this); kept for
+    the run only if the storage says it did (``StoredRun.known``). An input that fails to apply leaves no state: the
+    run reads its thread, and fails on its input as any run would."""
 
-    __slots__ = ("_make", "_row", "state")
+    __slots__ = ("_input", "_row", "parent", "state")
 
-    def __init__(self, make: Callable[[RunRow], ThreadState], row: RunRow) -> None:
-        self._make = make
+    def __init__(self, state: ThreadState, write_input: Callable[[RunRow, ThreadState], CheckpointWrite | None],
+                 row: RunRow) -> None:
+        self.state: ThreadState | None = state
+        self.parent = state.head.checkpoint_id if state.head is not None else None
+        self._input = write_input
         self._row = row
-        self.state: ThreadState | None = None
 
-    def __call__(self) -> CheckpointRow | None:
-        self.state = self._make(self._row)
-        return self.state.head
+    def __call__(self) -> CheckpointWrite | None:
+        if self.state is None:
+            return None
+        try:
+            return self._input(self._row, self.state)
+        except Exception:  # (not to fail the write that stores the run)
+            self.state = None
+            return None
 
 
 def _cancel(task: asyncio.Task[None]) -> None:

@@ -27,7 +27,7 @@ import re
 import sqlite3
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import IO, Any
@@ -84,7 +84,7 @@ from backchannel.runtime.rows import (
     epoch_of,
     thread_order,
 )
-from backchannel.runtime.storage import Notice, ParentGoneError, Storage, StoredRun, pick_claims
+from backchannel.runtime.storage import Notice, ParentGoneError, RunStart, Storage, StoredRun, pick_claims
 from backchannel.serde import dumps
 
 try:
@@ -103,11 +103,12 @@ _NOTHING_TO_COME = ("t.thread_id NOT IN (SELECT json_extract(c.metadata, '$.pare
                     "AND json_extract(c.metadata, '$.parent_thread_id') IS NOT NULL) "
                     "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.thread_id AND NOT i.delivered)")
 # A run of this thread's may be claimed as it is stored (create_claimed_run): the thread is busy (its run's writes
-# made it so) with no other run waiting or running. It is blank (nothing to read) with no checkpoint and no mail.
+# made it so) with no other run waiting or running. What its run would read: its newest checkpoint, and whether mail
+# waits for it.
 _FREE_THREAD = ("SELECT EXISTS (SELECT 1 FROM threads WHERE thread_id = ? AND status = 'busy') AND NOT EXISTS "
                 "(SELECT 1 FROM runs WHERE thread_id = ? AND status IN ('pending', 'running'))")
-_LEFT_ON_THREAD = ("SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = ?) "
-                   "OR EXISTS (SELECT 1 FROM inbox WHERE thread_id = ?)")
+_THREAD_AS_IT_IS = ("SELECT (SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? ORDER BY seq DESC LIMIT 1), "
+                    "EXISTS (SELECT 1 FROM inbox WHERE thread_id = ? AND NOT delivered)")
 # A run stored only on a thread that exists (its values, then its thread_id, follow as parameters).
 _RUN_ON_ITS_THREAD = (f"INSERT INTO runs SELECT {','.join('?' * 18)} "
                       "WHERE EXISTS (SELECT 1 FROM threads WHERE thread_id = ?)")
@@ -793,13 +794,13 @@ class SQLiteStorage(Storage):
     claims_on_insert = True  # a claim of its own is a transaction and a commit when runs come one at a time
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: Callable[[], CheckpointRow | None] | None = None,
-                                 notice: Notice | None = None) -> StoredRun | None:
+                                 start: RunStart | None = None, notice: Notice | None = None) -> StoredRun | None:
         # One transaction: SQLite has one writer, so what it reads here holds until it commits, as claim_runs's
-        # reads do. A thread made here is blank unless a checkpoint or mail was left without it; one there already
-        # given as ``thread`` (made meanwhile by another request) is made busy instead, with this run's metadata,
-        # and the run goes pending, as on Postgres. A thread that exists is looked at too (blank: one made by a
-        # request of its own, POST /threads, before its first run), so its run's input goes in with the claim.
+        # reads do. A thread made here has nothing to read unless a checkpoint or mail was left without it; one
+        # there already given as ``thread`` (made meanwhile by another request) is made busy instead, with this
+        # run's metadata, and the run goes pending, as on Postgres. A thread that exists is looked at too (one made
+        # by POST /threads before its first run, or the thread of a chat's next turn whose state this process
+        # holds), so its run's input goes in with the claim.
         thread_id = row.thread_id
         with self._transaction() as db:
             made = thread is not None and db.execute(
@@ -809,18 +810,22 @@ class SQLiteStorage(Storage):
                 db.execute("UPDATE threads SET status = 'busy', metadata = ?, updated_at = ? WHERE thread_id = ?",
                            (dump(thread.metadata), thread.updated_at, thread_id))
             free = made or (thread is None and db.execute(_FREE_THREAD, (thread_id, thread_id)).fetchone()[0] == 1)
-            blank = free and db.execute(_LEFT_ON_THREAD, (thread_id, thread_id)).fetchone()[0] == 0
-            if made and not blank:  # claimed only on a thread made here with nothing else, as on Postgres
+            head, mail = db.execute(_THREAD_AS_IT_IS, (thread_id, thread_id)).fetchone() if free else (None, True)
+            if made and (head is not None or mail):  # claimed only on a thread made here with nothing else
                 free = False
+            known = free and start is not None and head == start.parent and not mail
             if free:
                 running = replace(row, status="running", attempts=1, claim=claim)
                 db.execute(f"INSERT INTO runs VALUES ({','.join('?' * 18)})", run_values(running))
-                head = first() if first is not None and blank else None
-                if head is not None:
-                    db.execute(_PUT_CHECKPOINT.format(held="1"), checkpoint_values(head))  # (claimed just now)
-                stored: StoredRun | None = StoredRun("running", blank=blank)
+                written = start() if start is not None and known else None
+                if written is not None:  # after the head just read, under the claim made just now
+                    sql, params, then = _checkpoint_statements(written)
+                    db.execute(sql.format(held="1"), params)
+                    if then is not None:
+                        db.execute(*then)
+                stored: StoredRun | None = StoredRun("running", known=known)
             else:
-                stored = StoredRun("pending", blank=False) if db.execute(
+                stored = StoredRun("pending", known=False) if db.execute(
                     _RUN_ON_ITS_THREAD, (*run_values(row), thread_id)).rowcount else None
         await self._committed()
         return stored

@@ -26,6 +26,7 @@ from backchannel.runtime.rows import (
     CancelAction,
     CheckpointBase,
     CheckpointRow,
+    CheckpointWrite,
     CronRow,
     ItemRow,
     PruneStrategy,
@@ -39,8 +40,8 @@ from backchannel.runtime.rows import (
 )
 
 __all__ = ["MISSED", "AssistantStorage", "CheckpointStorage", "Coordinator", "CronStorage", "InboxStorage",
-           "ItemStorage", "Notice", "ParentGoneError", "RunStorage", "Storage", "StoredRun", "ThreadStorage",
-           "WorkerStorage", "pick_claims", "read_together"]
+           "ItemStorage", "Notice", "ParentGoneError", "RunStart", "RunStorage", "Storage", "StoredRun",
+           "ThreadStorage", "WorkerStorage", "pick_claims", "read_together"]
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -100,11 +101,24 @@ class ThreadStorage(Protocol):
 
 
 class StoredRun(NamedTuple):
-    """How :meth:`RunStorage.create_claimed_run` stored a run: its status, and whether it was claimed on a blank
-    thread (nothing to read; its first checkpoint, if given, written with it)."""
+    """How :meth:`RunStorage.create_claimed_run` stored a run: its status, and whether it was claimed on a thread as
+    its :class:`RunStart` expected it (nothing to read; the start's checkpoint, if any, written with it)."""
 
     status: RunStatus
-    blank: bool
+    known: bool
+
+
+class RunStart(Protocol):
+    """How a run claimed as it is stored may start without reading its thread: from the state at ``parent``, the
+    checkpoint its process holds as the thread's newest (``None``: a thread with none), with the checkpoint of its
+    input after it. Made for :meth:`RunStorage.create_claimed_run`, which checks the thread against it."""
+
+    parent: str | None
+
+    def __call__(self) -> CheckpointWrite | None:
+        """The checkpoint of the run's input after ``parent`` (``None``: the run has none to write), applied to the
+        start's state: made only where the storage may write it with the run's claim."""
+        ...
 
 
 class ParentGoneError(Exception):
@@ -139,21 +153,20 @@ class RunStorage(Protocol):
         that stores the run, if it does."""
 
     async def create_claimed_run(self, row: RunRow, claim: str, *, thread: ThreadRow | None = None,
-                                 first: Callable[[], CheckpointRow | None] | None = None,
-                                 notice: Notice | None = None) -> StoredRun | None:
+                                 start: RunStart | None = None, notice: Notice | None = None) -> StoredRun | None:
         """Insert a pending run of ``row.worker_id``'s, as :meth:`create_run` does (``None``: not inserted, its thread
         is gone), and if its thread is ``busy`` (the caller's writes made it so before) with no other run pending
         or running, claim it in the same write: stored running under the token ``claim``, its first attempt
         (status ``"running"``; else ``"pending"``). With ``thread`` (busy), the thread is made in the same write and
         the run claimed only if it was made there; a thread made meanwhile by another request is made busy instead,
-        with ``thread``'s metadata, and the run goes pending. A run claimed on a thread with nothing else (no
-        checkpoint, no mail: one made here; a backend may also look at one that exists, in the same write) is
-        ``blank``: it may start from an empty state without reading it, and ``first()`` (the thread's first
-        checkpoint, the run's; made only where it may be written) is written with it. Backends whose claims cost
-        little (``claims_on_insert`` false) leave it to :meth:`claim_runs`."""
+        with ``thread``'s metadata, and the run goes pending. A run claimed on a thread as its ``start`` expects it
+        (its newest checkpoint the start's parent, no mail waiting: a thread made here has none of either; a backend
+        may also look at one that exists, in the same write) is ``known``: it may start from the start's state
+        without reading it, and the checkpoint ``start()`` makes is written with it, both or neither. Backends whose
+        claims cost little (``claims_on_insert`` false) leave it to :meth:`claim_runs`."""
         if thread is not None:  # the scheduler makes the thread apart where the storage does not claim on insert
             raise NotImplementedError("this storage does not make a thread in the write that stores a run")
-        return StoredRun("pending", blank=False) if await self.create_run(row, notice=notice) else None
+        return StoredRun("pending", known=False) if await self.create_run(row, notice=notice) else None
 
     @abc.abstractmethod
     async def get_run(self, run_id: str) -> RunRow | None:
