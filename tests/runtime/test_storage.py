@@ -135,6 +135,52 @@ async def test_thread_counts_stay_exact_under_concurrent_writes_deletes_and_swee
             await other.close()
 
 
+async def test_thread_counts_stay_exact_through_runs_claimed_ended_released_and_taken_over(storage):
+    """A thread is busy while a run of it is pending or running, and its count says so at every moment of a run's
+    life: made busy with its run, claimed, ended in each way, released, dropped, and taken over from a dead worker
+    (whose runs it then runs); with and without metadata (the blank threads' '{}' among them)."""
+    now = now_iso()
+    for i in range(12):
+        await storage.create_thread(ThreadRow(f"t{i}", now, now, {"user": f"u{i % 2}"} if i % 3 else {}))
+    queued = [_run(f"t{i}", worker="dead" if i % 2 else "w1") for i in range(8)]
+    for row in queued:
+        await storage.create_run(row)
+        await storage.update_thread(row.thread_id, status="busy", metadata={"user": "u1", "graph_id": "g"})
+    made = [ThreadRow(f"new{i}", now, now, {"graph_id": "g"}, "busy") for i in range(3)]
+    claims_on_insert = storage.claims_on_insert
+    for thread in made:  # a run on a thread it makes (claimed there where the storage claims on insert)
+        row = _run(thread.thread_id)
+        if claims_on_insert:
+            await storage.create_claimed_run(row, "token", thread=thread)
+        else:
+            await storage.create_thread(thread)
+            await storage.create_run(row)
+    await _counts_match_the_threads(storage)
+    assert await storage.count_threads(status="busy") == 8 + 3
+    running = await storage.claim_runs("w1", 10, now_iso())
+    await storage.claim_runs("dead", 10, now_iso())
+    await _counts_match_the_threads(storage)
+    for row, (run_status, thread_status) in zip(running, [("success", "idle"), ("error", "error"),
+                                                           ("interrupted", "interrupted")], strict=False):
+        await storage.finish_run(RunEnd(row.run_id, row.thread_id, run_status, thread_status, now_iso(),
+                                        claim=row.claim))
+        await _counts_match_the_threads(storage)
+    await storage.release_run(_claim(running[-1]), now_iso())  # a run handed back: its thread stays busy
+    await storage.drop_pending_run(running[-1].run_id, "interrupt", now_iso())
+    await _counts_match_the_threads(storage)
+    # the process running "dead"'s runs was killed: another takes them over, runs and ends them
+    taken = await storage.requeue_orphans(["w1"], "w2", {"a": "digest-of-a"})
+    assert taken
+    await _counts_match_the_threads(storage)
+    for row in await storage.claim_runs("w2", 10, now_iso()):
+        await storage.finish_run(RunEnd(row.run_id, row.thread_id, "success", "idle", now_iso(), claim=row.claim))
+    await _counts_match_the_threads(storage)
+    assert await storage.count_threads(status="busy") == len(await storage.search_threads(status="busy"))
+    for thread_id in ("t0", "t1", "new0"):
+        await storage.delete_thread(thread_id)
+    await _counts_match_the_threads(storage)
+
+
 async def test_claim_runs_one_per_thread_oldest_first_and_not_before_time(storage):
     now = now_iso()
     for t in ("t1", "t2"):
