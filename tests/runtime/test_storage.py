@@ -417,6 +417,31 @@ async def test_a_runs_end_writes_its_last_step_with_it_or_nothing(storage):
     assert bases == [] or [b.checkpoint_id for b in bases] == ["c2"]  # a backend may keep none (memory)
 
 
+async def test_a_write_that_fails_undoes_only_its_own_statements_among_the_writes_made_beside_it(storage):
+    """Writes made at once (SQLite: one transaction) with one that fails, first or last: the failed one leaves
+    nothing (its run still running, its thread busy), the others are all kept."""
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now, status="busy"))
+    await storage.create_run(_run("t"))
+    [run] = await storage.claim_runs("w1", 1, now_iso())
+    await storage.put_checkpoint(_checkpoint("t", 1, None, run_id=run.run_id), _claim(run))
+    orphan = CheckpointWrite(_checkpoint("t", 2, "gone", run_id=run.run_id), parent_seq=1)
+    end = RunEnd(run.run_id, "t", "success", "idle", now_iso(), claim=run.claim, checkpoint=orphan)
+
+    async def failing_end():
+        with pytest.raises(ParentGoneError):
+            await storage.finish_run(end)
+
+    await asyncio.gather(failing_end(), storage.put_item(("a",), "first", {"v": 1}, now),
+                         storage.create_thread(ThreadRow("u", now, now)))
+    await asyncio.gather(storage.put_item(("a",), "second", {"v": 2}, now), failing_end())
+    assert (await storage.get_run(run.run_id)).status == "running"
+    assert (await storage.get_thread("t")).status == "busy"
+    assert [c.checkpoint_id for c in await storage.list_checkpoints("t")] == ["c1"]
+    assert sorted(i.key for i in await storage.search_items(("a",))) == ["first", "second"]
+    assert await storage.get_thread("u") is not None
+
+
 async def test_claims_count_attempts_and_a_release_gives_its_attempt_back(storage):
     now = now_iso()
     await storage.create_thread(ThreadRow("t", now, now))

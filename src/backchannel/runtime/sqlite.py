@@ -418,18 +418,28 @@ class SQLiteStorage(Storage):
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """Statements that must apply together, within this tick's transaction (then await :meth:`_committed`)."""
+        """Statements that must apply together, within this tick's transaction (then await :meth:`_committed`).
+
+        A savepoint undoes them alone when they fail, unless they began the tick's transaction: it then holds
+        only them (no caller awaits inside), and a rollback undoes them, two statements fewer for the first
+        operation of a tick (each operation of a run that comes alone).
+        """
+        began = not self.db.in_transaction
         db = self._begin()
+        alone = began and db.in_transaction  # not so without an event loop: the savepoint is the transaction
         with self._unavailable():
-            db.execute("SAVEPOINT operation")
+            if not alone:
+                db.execute("SAVEPOINT operation")
             try:
                 yield db
             except BaseException:
                 if db.in_transaction:  # SQLite may have rolled the whole transaction back already
-                    db.execute("ROLLBACK TO operation")
-                    db.execute("RELEASE operation")
+                    db.execute("ROLLBACK" if alone else "ROLLBACK TO operation")
+                    if not alone:
+                        db.execute("RELEASE operation")
                 raise
-            db.execute("RELEASE operation")
+            if not alone:
+                db.execute("RELEASE operation")
 
     async def _committed(self) -> None:
         """Wait for the commit of this tick's transaction (:class:`StorageUnavailableError` if it failed).
