@@ -188,6 +188,44 @@ async def test_threads_made_before_counts_were_kept_are_counted_after_the_upgrad
         await upgraded.close()
 
 
+async def test_counts_kept_with_busy_threads_apart_are_converted_and_kept_exact_after_the_upgrade(url, monkeypatch):
+    """Counts kept before busy threads were counted with the idle ones (and their metadata, where some) come out the
+    same after the upgrade, and stay exact as threads then go busy and back, change metadata and go."""
+    storage = open_storage(url)
+    module = _module(storage)
+    statuses = ("idle", "busy", "interrupted", "error")
+    metadata = [{}, {"user": "u1"}, {"user": "u2", "n": 1}]
+    with monkeypatch.context() as before:
+        before.setattr(module, "_MIGRATIONS", module._MIGRATIONS[:-1])
+        await storage.open()
+        now = now_iso()
+        for i in range(24):
+            await storage.create_thread(ThreadRow(f"t{i}", now, now, metadata[i % 3], statuses[i % 4]))
+        await storage.close()
+
+    upgraded = open_storage(url)
+    await upgraded.open()
+
+    async def counts_match():
+        for status in (None, *statuses):
+            for filter in ({}, *metadata[1:], {"n": 1}):
+                found = await upgraded.search_threads(metadata=filter, status=status, limit=100)
+                assert await upgraded.count_threads(metadata=filter, status=status) == len(found), (filter, status)
+
+    try:
+        await counts_match()
+        for i in range(0, 24, 2):  # a run's cycle on half of them, ending every way
+            await upgraded.update_thread(f"t{i}", status="busy", metadata={"user": "u1"})
+            await counts_match()
+            await upgraded.update_thread(f"t{i}", status=statuses[i % 4 if i % 4 != 1 else 0], metadata={})
+        await counts_match()
+        for i in range(0, 24, 5):
+            await upgraded.delete_thread(f"t{i}")
+        await counts_match()
+    finally:
+        await upgraded.close()
+
+
 async def test_a_long_thread_written_before_bases_were_kept_reads_the_same_after_the_upgrade(url, monkeypatch):
     from backchannel.messages import HumanMessage
     from backchannel.runtime.checkpoints import Checkpointer

@@ -155,6 +155,52 @@ async def test_thread_counts_stay_exact_under_concurrent_writes_deletes_and_swee
             await other.close()
 
 
+async def test_thread_counts_stay_exact_through_runs_claimed_ended_released_and_taken_over(storage):
+    """A thread is busy while a run of it is pending or running, and its count says so at every moment of a run's
+    life: made busy with its run, claimed, ended in each way, released, dropped, and taken over from a dead worker
+    (whose runs it then runs); with and without metadata (the blank threads' '{}' among them)."""
+    now = now_iso()
+    for i in range(12):
+        await storage.create_thread(ThreadRow(f"t{i}", now, now, {"user": f"u{i % 2}"} if i % 3 else {}))
+    queued = [_run(f"t{i}", worker="dead" if i % 2 else "w1") for i in range(8)]
+    for row in queued:
+        await storage.create_run(row)
+        await storage.update_thread(row.thread_id, status="busy", metadata={"user": "u1", "graph_id": "g"})
+    made = [ThreadRow(f"new{i}", now, now, {"graph_id": "g"}, "busy") for i in range(3)]
+    claims_on_insert = storage.claims_on_insert
+    for thread in made:  # a run on a thread it makes (claimed there where the storage claims on insert)
+        row = _run(thread.thread_id)
+        if claims_on_insert:
+            await storage.create_claimed_run(row, "token", thread=thread)
+        else:
+            await storage.create_thread(thread)
+            await storage.create_run(row)
+    await _counts_match_the_threads(storage)
+    assert await storage.count_threads(status="busy") == 8 + 3
+    running = await storage.claim_runs("w1", 10, now_iso())
+    await storage.claim_runs("dead", 10, now_iso())
+    await _counts_match_the_threads(storage)
+    for row, (run_status, thread_status) in zip(running, [("success", "idle"), ("error", "error"),
+                                                           ("interrupted", "interrupted")], strict=False):
+        await storage.finish_run(RunEnd(row.run_id, row.thread_id, run_status, thread_status, now_iso(),
+                                        claim=row.claim))
+        await _counts_match_the_threads(storage)
+    await storage.release_run(_claim(running[-1]), now_iso())  # a run handed back: its thread stays busy
+    await storage.drop_pending_run(running[-1].run_id, "interrupt", now_iso())
+    await _counts_match_the_threads(storage)
+    # the process running "dead"'s runs was killed: another takes them over, runs and ends them
+    taken = await storage.requeue_orphans(["w1"], "w2", {"a": "digest-of-a"})
+    assert taken
+    await _counts_match_the_threads(storage)
+    for row in await storage.claim_runs("w2", 10, now_iso()):
+        await storage.finish_run(RunEnd(row.run_id, row.thread_id, "success", "idle", now_iso(), claim=row.claim))
+    await _counts_match_the_threads(storage)
+    assert await storage.count_threads(status="busy") == len(await storage.search_threads(status="busy"))
+    for thread_id in ("t0", "t1", "new0"):
+        await storage.delete_thread(thread_id)
+    await _counts_match_the_threads(storage)
+
+
 async def test_claim_runs_one_per_thread_oldest_first_and_not_before_time(storage):
     now = now_iso()
     for t in ("t1", "t2"):
@@ -441,6 +487,31 @@ async def test_a_run_claimed_as_it_is_stored_writes_its_input_with_its_claim_or_
     row = _run("gone")
     assert await storage.create_claimed_run(row, "claim", start=start(row)) is None
     assert await storage.list_checkpoints("gone") == []
+
+
+async def test_a_write_that_fails_undoes_only_its_own_statements_among_the_writes_made_beside_it(storage):
+    """Writes made at once (SQLite: one transaction) with one that fails, first or last: the failed one leaves
+    nothing (its run still running, its thread busy), the others are all kept."""
+    now = now_iso()
+    await storage.create_thread(ThreadRow("t", now, now, status="busy"))
+    await storage.create_run(_run("t"))
+    [run] = await storage.claim_runs("w1", 1, now_iso())
+    await storage.put_checkpoint(_checkpoint("t", 1, None, run_id=run.run_id), _claim(run))
+    orphan = CheckpointWrite(_checkpoint("t", 2, "gone", run_id=run.run_id), parent_seq=1)
+    end = RunEnd(run.run_id, "t", "success", "idle", now_iso(), claim=run.claim, checkpoint=orphan)
+
+    async def failing_end():
+        with pytest.raises(ParentGoneError):
+            await storage.finish_run(end)
+
+    await asyncio.gather(failing_end(), storage.put_item(("a",), "first", {"v": 1}, now),
+                         storage.create_thread(ThreadRow("u", now, now)))
+    await asyncio.gather(storage.put_item(("a",), "second", {"v": 2}, now), failing_end())
+    assert (await storage.get_run(run.run_id)).status == "running"
+    assert (await storage.get_thread("t")).status == "busy"
+    assert [c.checkpoint_id for c in await storage.list_checkpoints("t")] == ["c1"]
+    assert sorted(i.key for i in await storage.search_items(("a",))) == ["first", "second"]
+    assert await storage.get_thread("u") is not None
 
 
 async def test_claims_count_attempts_and_a_release_gives_its_attempt_back(storage):

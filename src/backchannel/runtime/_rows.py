@@ -31,10 +31,10 @@ from backchannel.runtime.rows import (
 from backchannel.serde import json_text, loads_exact
 
 __all__ = ["ASSISTANT_COLUMNS", "BASE_COLUMNS", "CRON_COLUMNS", "SEP", "THREAD_SORT_SQL", "THREAD_TABLES",
-           "assistant_order", "assistant_row", "assistant_values", "base_chain", "base_values", "chain_is_whole",
-           "checkpoint_chain", "checkpoint_row", "checkpoint_values", "CronSQL", "cron_row", "cron_values", "dump",
-           "inbox_message", "item_row", "matching_namespaces", "run_row", "run_values", "thread_changes", "thread_row",
-           "thread_values"]
+           "COUNTED_AS", "assistant_order", "assistant_row", "assistant_values", "base_chain", "base_values",
+           "chain_is_whole", "checkpoint_chain", "checkpoint_row", "checkpoint_values", "CronSQL", "cron_row",
+           "cron_values", "dump", "inbox_message", "item_row", "matching_namespaces", "run_row", "run_values",
+           "thread_changes", "thread_count", "thread_row", "thread_values"]
 
 SEP = "\x1f"  # joins namespace labels; cannot appear in a label a user types
 THREAD_TABLES = ("runs", "run_spans", "checkpoints", "checkpoint_bases", "pending_writes", "inbox",  # what else
@@ -44,6 +44,26 @@ BASE_COLUMNS = "thread_id, checkpoint_id, seq, prev_id, messages, rest"
 # newest checkpoint's time; the thread's own for a thread without one).
 THREAD_SORT_SQL = {"state_updated_at": "coalesce((SELECT c.created_at FROM checkpoints c WHERE c.thread_id = "
                                        "threads.thread_id ORDER BY c.seq DESC LIMIT 1), threads.updated_at)"}
+
+# The status a thread is counted under in thread_counts (kept by triggers, see the backends' migrations), for its row
+# {0} (NEW or OLD): a busy thread (a run of it pending or running) with the idle ones, so that a run's two changes
+# (idle -> busy -> idle) leave the counters alone. The busy threads, as many as the runs under way, are counted
+# from an index on their status when asked for (see thread_count).
+COUNTED_AS = "CASE {0}.status WHEN 'busy' THEN 'idle' ELSE {0}.status END"
+
+
+def thread_count(status: ThreadStatus | None, mark: str) -> tuple[str, list[Any]]:
+    """The query of how many threads there are (in ``status``, if given; ``mark`` a parameter's placeholder), from
+    the counts kept per status (one statement: one snapshot, so exact whoever writes meanwhile)."""
+    busy = "SELECT count(*) FROM threads WHERE status = 'busy'"
+    if status is None:
+        return "SELECT coalesce(sum(n), 0) FROM thread_counts", []
+    if status == "busy":
+        return busy, []
+    counted = f"SELECT coalesce(sum(n), 0) FROM thread_counts WHERE status = {mark}"
+    if status == "idle":  # counted with the busy ones
+        return f"SELECT ({counted}) - ({busy})", [status]
+    return counted, [status]
 
 
 CRON_COLUMNS = ("cron_id, assistant_id, thread_id, schedule, timezone, end_time, payload, metadata, on_run_completed, "
