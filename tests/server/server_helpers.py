@@ -70,8 +70,10 @@ class ProcessServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [sys.executable, "-m", "backchannel.cli", "serve", "--port", str(self.port),
                      "--database", database, "--agents", *agents, *extra]
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-                    **(env or {})}
+        # ``env``'s PYTHONPATH goes before this directory and the caller's (whose source tree the server runs).
+        given = dict(env or {})
+        path = [given.pop("PYTHONPATH", ""), str(HERE), os.environ.get("PYTHONPATH", "")]
+        self.env = {**os.environ, **given, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 
