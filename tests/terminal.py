@@ -46,7 +46,8 @@ def chat_env(home: Path) -> dict[str, str]:
     """The environment of a chat run: its own home, the scripted models importable, no real model keys."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("BACKCHANNEL_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PYTEST_CURRENT_TEST")}
-    env.update(HOME=str(home), PYTHONPATH=str(TESTS), TERM="xterm-256color", LANG="C.UTF-8", LC_ALL="C.UTF-8")
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)  # the caller's tree too
+    env.update(HOME=str(home), PYTHONPATH=path, TERM="xterm-256color", LANG="C.UTF-8", LC_ALL="C.UTF-8")
     return env
 
 
