@@ -27,7 +27,7 @@ import re
 import sqlite3
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import IO, Any
@@ -361,21 +361,21 @@ class _RunningByKey(Mapping[str, int]):
 
 
 class _Unavailable:
-    """A ``with`` block turning SQLite's "cannot write now" errors into :class:`StorageUnavailableError` (see
-    SQLiteStorage._failed). One per storage, for every block: a generator's context manager costs several times
-    more, in each of a run's writes."""
+    """A ``with`` block turning SQLite's "cannot write now" errors into :class:`StorageUnavailableError` (made by
+    ``failed``). One per storage, for every block: a generator's context manager costs several times more, in each
+    of a run's writes."""
 
-    __slots__ = ("_storage",)
+    __slots__ = ("_failed",)
 
-    def __init__(self, storage: SQLiteStorage) -> None:
-        self._storage = storage
+    def __init__(self, failed: Callable[[BaseException], StorageUnavailableError]) -> None:
+        self._failed = failed
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, trace: Any) -> None:
         if isinstance(exc, sqlite3.Error) and str(getattr(exc, "sqlite_errorname", "")).startswith(_UNAVAILABLE):
-            raise self._storage._failed(exc) from exc
+            raise self._failed(exc) from exc
 
 
 class SQLiteStorage(Storage):
@@ -394,7 +394,7 @@ class SQLiteStorage(Storage):
         self._failure_logged_at = -_LOG_EVERY
         self._refused: StorageUnavailableError | None = None  # the file is gone: no more writes
         self._served: IO[str] | None = None  # the lock this process's server holds on the file
-        self._guard = _Unavailable(self)
+        self._guard = _Unavailable(self._failed)
 
     @property
     def db(self) -> sqlite3.Connection:
